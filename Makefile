@@ -1,0 +1,36 @@
+# The README's two commands are `make book` and `make test`; everything else builds on them.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(abspath $(VENV))/bin
+# nbgrader shells out to alembic and the kernels resolve `python` on PATH: both must be the venv's.
+export PATH := $(BIN):$(PATH)
+CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
+
+.PHONY: venv book test release demo clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	touch $@
+
+## Build the book to _build/html (chapter code executed and cached, warnings are errors).
+book: venv
+	$(BIN)/jupyter-book build book --path-output . --config _config.yml --toc book/_toc.yml -W -n --keep-going
+
+## Run the whole test suite (the book is built first: its tests read the pages).
+test: book
+	$(BIN)/python -m pytest
+
+## Regenerate notebooks/ (the learners' release) from solutions/ with nbgrader.
+release: venv
+	for a in $(CHAPTERS); do $(BIN)/nbgrader generate_assignment "$$a" --force || exit 1; done
+
+## Grade three scratch students end to end and show where their feedback went.
+demo: venv
+	$(BIN)/python -m autograde_tests.demo
+
+clean:
+	rm -rf _build

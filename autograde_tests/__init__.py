@@ -1,0 +1,1 @@
+"""Attention, Step by Step: reference implementations and graded checks."""

@@ -1,0 +1,309 @@
+"""Checks for chapter 01_attention: ``softmax`` and ``scaled_dot_product_attention``.
+
+Visible checks (``hidden=False``) use one fixed set of shapes and seeds; the hidden ones nbgrader
+runs at grading time draw other seeds and other shapes, so an answer fitted to the visible example fails.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..reference import attention as ref
+from .harness import (
+    DTYPES,
+    Inputs,
+    call,
+    close,
+    devices,
+    expect_device_agnostic,
+    expect_tensor,
+    expect_unchanged,
+    fail,
+    forbid_ops,
+    largest_error,
+    passed,
+    strict_numerics,
+)
+
+FORBIDDEN = {  # checked in this order: F.scaled_dot_product_attention runs a softmax inside
+    "scaled_dot_product": "F.scaled_dot_product_attention",
+    "softmax": "a built-in softmax (torch.softmax, F.softmax, Tensor.softmax, ...)",
+}
+
+# ----------------------------------------------------------------------------------------- softmax
+
+
+@dataclass(frozen=True)
+class SoftmaxCase:
+    shape: tuple[int, ...]
+    dim: int
+    scale: float = 1.0  # a large scale and offset test numerical stability
+    offset: float = 0.0
+    minus_inf: bool = False  # scatter some -inf scores (never a whole row), as masking does
+
+
+VISIBLE_SOFTMAX = [SoftmaxCase((2, 3, 5), -1), SoftmaxCase((2, 3, 5), 1), SoftmaxCase((4, 7), -1, 40.0, 1000.0)]
+HIDDEN_SOFTMAX = [
+    SoftmaxCase((3, 2, 6, 4), -1),
+    SoftmaxCase((3, 2, 6, 4), 0),
+    SoftmaxCase((3, 2, 6, 4), 2),
+    SoftmaxCase((5, 9), -1, minus_inf=True),
+    SoftmaxCase((6, 3), 0, 30.0, -1000.0),
+    SoftmaxCase((2, 5, 8), -2, 50.0, 900.0),
+]
+
+
+def _softmax_input(case: SoftmaxCase, seed: int) -> torch.Tensor:
+    draw = Inputs(seed)
+    x = draw.randn(*case.shape) * case.scale + case.offset
+    if case.minus_inf:
+        hole = draw.bernoulli(0.3, *case.shape)
+        hole[..., 0] = False  # keep one finite score in every row
+        x = x.masked_fill(hole, float("-inf"))
+    return x
+
+
+def check_softmax(softmax, hidden: bool = False) -> None:
+    """Check a learner's ``softmax(x, dim=-1)`` against the reference; raise AssertionError naming the mistake."""
+    name = "softmax"
+    cases = HIDDEN_SOFTMAX if hidden else VISIBLE_SOFTMAX
+    seed = 1000 if hidden else 0
+    with strict_numerics():
+        forbid_ops(name, softmax, (_softmax_input(cases[0], seed),), FORBIDDEN)
+        count = 0
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    x = _softmax_input(case, seed + i)
+                    expected = ref.softmax(x, dim=case.dim)
+                    x = x.to(dtype=dtype, device=device)
+                    before = x.clone()
+                    out = call(name, softmax, x, dim=case.dim)
+                    expect_tensor(name, "the output", out, x.shape, like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    _expect_softmax_values(name, out, expected, x, case)
+                    count += 1
+        expect_device_agnostic(name, lambda x: softmax(x, dim=-1), (_softmax_input(cases[0], seed),))
+    passed(name, count)
+
+
+def _expect_softmax_values(name, out, expected, x, case: SoftmaxCase) -> None:
+    if close(out, expected):
+        return
+    if not torch.isfinite(out).all() and case.scale > 1:
+        fail(
+            name,
+            f"returns inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
+            "subtract the maximum along `dim` (keepdim=True) before exp; softmax(x) = softmax(x - c).",
+        )
+    x64 = x.double().cpu()
+    for other in range(x.dim()):
+        if other != case.dim % x.dim() and close(out, ref.softmax(x64, dim=other)):
+            fail(
+                name,
+                f"normalises over dim {other} when called with dim={case.dim}",
+                "reduce (max and sum) along the `dim` argument, with keepdim=True.",
+            )
+    fail(name, f"wrong values for input of shape {tuple(x.shape)}, dim={case.dim}: {largest_error(out, expected)}")
+
+
+# ------------------------------------------------------------------------ scaled dot-product attention
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    d_k: int
+    d_v: int
+    mask: str | None = None  # None, "full" (..., m, n), "keys" (..., 1, n), "shared" (m, n) or "empty_rows"
+
+
+VISIBLE_ATTENTION = [
+    AttentionCase((2,), 3, 5, 4, 6),
+    AttentionCase((2,), 3, 5, 4, 6, "full"),
+    AttentionCase((2,), 4, 6, 8, 3, "empty_rows"),
+]
+HIDDEN_ATTENTION = [
+    AttentionCase((), 5, 7, 16, 9),
+    AttentionCase((3, 2), 6, 4, 8, 5),
+    AttentionCase((3,), 7, 9, 12, 10, "full"),
+    AttentionCase((4,), 5, 8, 6, 7, "keys"),
+    AttentionCase((2, 3), 6, 5, 4, 11, "shared"),
+    AttentionCase((3,), 8, 6, 10, 4, "empty_rows"),
+]
+
+
+def _attention_inputs(case: AttentionCase, seed: int):
+    draw = Inputs(seed)
+    q = draw.randn(*case.batch, case.m, case.d_k)
+    k = draw.randn(*case.batch, case.n, case.d_k)
+    v = draw.randn(*case.batch, case.n, case.d_v)
+    mask_shape = {
+        None: None,
+        "full": (*case.batch, case.m, case.n),
+        "keys": (*case.batch, 1, case.n),
+        "shared": (case.m, case.n),
+        "empty_rows": (*case.batch, case.m, case.n),
+    }[case.mask]
+    if mask_shape is None:
+        return q, k, v, None
+    mask = draw.bernoulli(0.6, *mask_shape)
+    mask[..., 0] = True  # no row is empty by accident...
+    if case.mask == "empty_rows":
+        mask[..., 1, :] = False  # ...but here, on purpose, a query that may attend to nothing
+    return q, k, v, mask
+
+
+@dataclass(frozen=True)
+class Mistake:
+    problem: str
+    hint: str
+    attention: object  # (q, k, v, mask) -> (output, weights), as the mistaken code would compute them
+
+
+def _masked_softmax(scores, mask, dim=-1):
+    if mask is not None:
+        scores = torch.where(mask, scores, float("-inf"))
+    weights = ref.softmax(scores, dim=dim).nan_to_num(0.0)
+    return torch.where(mask, weights, 0.0) if mask is not None else weights
+
+
+def _attend(weights_fn):
+    """Attention whose weights come from ``weights_fn(q, k, v, mask)``."""
+
+    def attention(q, k, v, mask):
+        weights = weights_fn(q, k, v, mask)
+        return weights @ v, weights
+
+    return attention
+
+
+def _scores(q, k, scale):
+    return q @ k.transpose(-2, -1) / scale
+
+
+MISTAKES = [
+    Mistake(
+        "your output matches attention without the 1/sqrt(d_k) scale",
+        "divide q @ k.transpose(-2, -1) by math.sqrt(d_k), with d_k = q.size(-1).",
+        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, 1.0), mask)),
+    ),
+    Mistake(
+        "your scores are divided by d_k instead of sqrt(d_k)",
+        "the scale is 1/math.sqrt(d_k).",
+        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, q.size(-1)), mask)),
+    ),
+    Mistake(
+        "your scores are scaled by sqrt(d_v), the size of the values",
+        "the scale uses d_k = q.size(-1), the size shared by queries and keys.",
+        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, math.sqrt(v.size(-1))), mask)),
+    ),
+    Mistake(
+        "softmax over the wrong axis: your weights are normalised over the queries (dim=-2)",
+        "each query's row of weights must sum to 1 over the keys: softmax(scores, dim=-1).",
+        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, math.sqrt(q.size(-1))), mask, dim=-2)),
+    ),
+    Mistake(
+        "mask polarity inverted: your code treats True as 'blocked'",
+        "in this course (and in F.scaled_dot_product_attention) True means 'may attend'; "
+        "fill the scores where the mask is False.",
+        lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, ~mask),
+    ),
+    Mistake(
+        "masked scores were set to 0 instead of -inf, so masked keys still get weight (exp(0) = 1)",
+        "fill masked scores with float('-inf') so that softmax gives them exactly zero weight.",
+        _attend(
+            lambda q, k, v, mask: ref.softmax(torch.where(mask, _scores(q, k, math.sqrt(q.size(-1))), 0.0), dim=-1)
+        ),
+    ),
+    Mistake(
+        "masked weights were zeroed after softmax without renormalising, so rows no longer sum to 1",
+        "mask the scores before softmax (fill with -inf), not the weights after it.",
+        _attend(
+            lambda q, k, v, mask: ref.softmax(_scores(q, k, math.sqrt(q.size(-1))), dim=-1) * mask
+        ),
+    ),
+    Mistake(
+        "the mask is ignored: these values match attention computed without the mask "
+        "(weights returned before masking, or the output computed from unmasked weights)",
+        "apply the mask to the scores before softmax, and use those masked weights for both results.",
+        lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, None),
+    ),
+]
+
+
+def _diagnose(name, what, actual, expected, mistaken) -> None:
+    """Name the mistake whose ``what`` result (0 = output, 1 = weights) matches, else show the largest error."""
+    for mistake, result in mistaken:
+        if result is not None and close(actual, result[what]):
+            fail(name, mistake.problem, mistake.hint)
+    label = ("the output", "the weights")[what]
+    fail(name, f"{label} differs from the reference: {largest_error(actual, expected)}")
+
+
+def _mistaken_results(q, k, v, mask):
+    for mistake in MISTAKES:
+        try:
+            yield mistake, mistake.attention(q, k, v, mask)
+        except TypeError:  # a mask mistake needs a mask
+            yield mistake, None
+
+
+def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: bool = False) -> None:
+    """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None) -> (output, weights)``."""
+    name = "scaled_dot_product_attention"
+    cases = HIDDEN_ATTENTION if hidden else VISIBLE_ATTENTION
+    seed = 2000 if hidden else 100
+    with strict_numerics():
+        masked_case = next(c for c in cases if c.mask is not None)
+        forbid_ops(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
+        count = 0
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    _check_attention_case(name, scaled_dot_product_attention, case, seed + i, dtype, device)
+                    count += 1
+        for case in (cases[0], masked_case):
+            expect_device_agnostic(name, scaled_dot_product_attention, _attention_inputs(case, seed))
+    passed(name, count)
+
+
+def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype, device) -> None:
+    inputs64 = _attention_inputs(case, seed)
+    expected = ref.scaled_dot_product_attention(*inputs64)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64[:3])
+    mask = None if inputs64[3] is None else inputs64[3].to(device)
+    before = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
+    result = call(name, attention, q, k, v, mask) if mask is not None else call(name, attention, q, k, v)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        fail(name, f"should return a tuple (output, weights), got {type(result).__name__}")
+    out, weights = result
+    expect_tensor(name, "output", out, expected[0].shape, like=q)
+    expect_tensor(name, "weights", weights, expected[1].shape, like=q)
+    expect_unchanged(name, {arg: (t, before[arg]) for arg, t in zip("qkv", (q, k, v))})
+    if mask is not None and not torch.equal(mask, inputs64[3].to(device)):
+        fail(name, "modified its input `mask` in place", "use ~mask or torch.where instead of in-place ops.")
+    _expect_no_nan(name, out, weights, inputs64[3])
+    if close(out, expected[0]) and close(weights, expected[1]):
+        return
+    mistaken = list(_mistaken_results(*inputs64))
+    if not close(weights, expected[1]):
+        _diagnose(name, 1, weights, expected[1], mistaken)
+    _diagnose(name, 0, out, expected[0], mistaken)
+
+
+def _expect_no_nan(name, out, weights, mask) -> None:
+    bad = torch.isnan(out).any() or torch.isnan(weights).any()
+    if not bad:
+        return
+    if mask is not None and not mask.any(dim=-1).all():
+        fail(
+            name,
+            "NaN for a query whose keys are all masked (softmax of a row of -inf is 0/0)",
+            "such a query must get zero weights and a zero output: after softmax, set the weights "
+            "where the mask is False to 0, e.g. torch.where(mask, weights, 0.0).",
+        )
+    fail(name, "the result contains NaN", "look for a division by zero or exp of a huge score.")

@@ -1,0 +1,198 @@
+"""What every graded check shares: devices, seeded inputs, the tolerance policy, and distrust of learner output.
+
+Every check follows the same steps, so a learner sees the same kind of message in every chapter:
+call the learner's code (an exception becomes a readable failure), insist on a plain tensor of the
+right shape, dtype and device, insist that the inputs were not modified, compare with the reference
+under the tolerance below, and, when the numbers are wrong, name the mistake if a known one matches.
+"""
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
+# a learner's result in dtype d must agree to TOLERANCE[d]. The float32 bounds allow for a different
+# summation order (einsum vs matmul, CPU vs CUDA with TF32 off); every known mistake is orders larger.
+TOLERANCE = {
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.float64: dict(rtol=1e-9, atol=1e-11),
+}
+DTYPES = tuple(TOLERANCE)
+
+
+def devices() -> list[torch.device]:
+    """The CPU, and the GPU when there is one: checks run on every device they find."""
+    found = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        found.append(torch.device("cuda"))
+    return found
+
+
+@contextlib.contextmanager
+def strict_numerics() -> Iterator[None]:
+    """TF32 off for the duration of a check: its 10-bit mantissa would hide real mistakes in float32."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+class Inputs:
+    """Seeded random inputs, the same numbers on every device and dtype (drawn on the CPU in float64)."""
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=torch.float64)
+
+    def bernoulli(self, p: float, *shape: int) -> torch.Tensor:
+        return torch.rand(shape, generator=self.generator, dtype=torch.float64) < p
+
+
+def fail(name: str, problem: str, hint: str | None = None) -> None:
+    message = f"{name}: {problem}"
+    if hint:
+        message += f"\nHint: {hint}"
+    raise AssertionError(message)
+
+
+def call(name: str, fn: Callable, *args, **kwargs):
+    """Call the learner's function; an exception becomes a failure that says with what it was called."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # the learner's code may raise anything
+        shapes = ", ".join(describe(a) for a in args)
+        fail(name, f"raised {type(exc).__name__}: {exc}\n  when called with ({shapes})")
+
+
+def describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)}, {str(x.dtype).removeprefix('torch.')}, on {x.device.type}"
+    return repr(x)
+
+
+def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> None:
+    """``x`` must be a plain tensor (no subclass) of ``shape`` with the dtype and device of ``like``."""
+    if type(x) is not torch.Tensor:
+        fail(name, f"{what} should be a torch.Tensor, got {type(x).__name__}")
+    if tuple(x.shape) != tuple(shape):
+        fail(name, f"{what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x.dtype != like.dtype:
+        fail(
+            name,
+            f"{what} is {x.dtype} but the inputs are {like.dtype}",
+            "a tensor made inside your function has a fixed dtype; create it with "
+            "dtype=<input>.dtype (or use torch.zeros_like / torch.full_like).",
+        )
+    if x.device != like.device:
+        fail(
+            name,
+            f"{what} is on {x.device} but the inputs are on {like.device}",
+            "a tensor made inside your function has a fixed device; create it with device=<input>.device.",
+        )
+
+
+def expect_unchanged(name: str, inputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Each ``(tensor, copy_taken_before_the_call)`` must still be bit-for-bit the same."""
+    for arg, (now, before) in inputs.items():
+        if not torch.equal(now, before):
+            fail(
+                name,
+                f"modified its input `{arg}` in place",
+                "use out-of-place operations (x = x - m, masked_fill, torch.where) instead of -=, "
+                "masked_fill_ or slice assignment on an input.",
+            )
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    expected = expected.to(dtype=actual.dtype, device=actual.device)
+    return actual.shape == expected.shape and torch.allclose(actual, expected, **TOLERANCE[actual.dtype])
+
+
+def largest_error(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    """'largest error 0.31 at index (1, 0, 2): got 0.52, expected 0.21' (NaNs count as infinitely wrong)."""
+    expected = expected.to(dtype=actual.dtype, device=actual.device)
+    error = (actual - expected).abs().nan_to_num(nan=float("inf"))
+    flat = int(error.argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape))
+    return (
+        f"largest error {float(error.flatten()[flat]):.3g} at index {index}: "
+        f"got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}"
+    )
+
+
+class _CalledFunctions(TorchFunctionMode):
+    """Records the torch functions a call makes (F.scaled_dot_product_attention, torch.softmax, ...)."""
+
+    def __init__(self, names: set[str]):
+        super().__init__()
+        self.names = names
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _RunOperators(TorchDispatchMode):
+    """Records the ATen operators a call runs: an alias or a wrapper cannot hide a built-in softmax."""
+
+    def __init__(self, names: set[str]):
+        super().__init__()
+        self.names = names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def forbid_ops(name: str, fn: Callable, args: tuple, forbidden: Mapping[str, str]) -> None:
+    """Fail if calling ``fn(*args)`` uses a torch function or ATen operator named like a key of ``forbidden``.
+
+    ``forbidden`` maps a fragment of a function or operator name to what the learner called, for the
+    message; the first fragment found is reported.
+    """
+    names: set[str] = set()
+    with _CalledFunctions(names), _RunOperators(names):
+        call(name, fn, *args)
+    for fragment, what in forbidden.items():
+        used = sorted(op for op in names if fragment in op)
+        if used:
+            fail(
+                name,
+                f"calls {what} ({', '.join(used)}), which this exercise asks you to write yourself",
+                "build it from elementary operations (exp, max, sum, matmul).",
+            )
+
+
+def expect_device_agnostic(name: str, fn: Callable, args: tuple) -> None:
+    """Run ``fn`` on shape-only 'meta' tensors: a tensor it makes on a fixed device clashes with them.
+
+    This finds code that would break on a GPU even on a machine without one. Code that needs the
+    values (``.item()``, ``if x.any():``) cannot run on meta tensors; that is allowed, so only a
+    device clash, or a result left on another device, fails.
+    """
+    hint = "create tensors with device=<input>.device (or use torch.zeros_like / full_like / where)."
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    try:
+        result = fn(*meta)
+    except Exception as exc:
+        text = str(exc)
+        if "expected device" in text or "copy out of meta" in text:
+            fail(name, f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU ({text})", hint)
+        return
+    results = result if isinstance(result, tuple) else (result,)
+    if any(isinstance(r, torch.Tensor) and r.device.type != "meta" for r in results):
+        fail(name, "returns a tensor on a fixed device instead of the inputs' device", hint)
+
+
+def passed(name: str, cases: int, dtypes=DTYPES) -> None:
+    where = ", ".join(d.type for d in devices())
+    kinds = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+    print(f"✔ {name}: all {cases} cases passed ({where}; {kinds})")
