@@ -67,6 +67,8 @@ def call(name: str, fn: Callable, *args, **kwargs):
     """Call the learner's function; an exception becomes a failure that says with what it was called."""
     try:
         return fn(*args, **kwargs)
+    except NotImplementedError:
+        fail(name, "is not written yet", "replace `raise NotImplementedError()` with your code.")
     except Exception as exc:  # the learner's code may raise anything
         shapes = ", ".join(describe(a) for a in args)
         fail(name, f"raised {type(exc).__name__}: {exc}\n  when called with ({shapes})")

@@ -1,0 +1,129 @@
+"""Drive nbgrader on a scratch copy of the course: release, submit, autograde, feedback, scores.
+
+Used by ``make demo`` and by the end-to-end tests, so that what the tests prove is what the demo shows.
+Everything goes through nbgrader's own Python API; nothing here re-implements grading.
+"""
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook
+from nbgrader.apps import NbGraderAPI
+from traitlets.config.loader import PyFileConfigLoader
+
+SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE)
+
+# One typical mistake per chapter for the demo: (solution cell, correct code, the mistaken code).
+TYPICAL_MISTAKES = {
+    "01_attention": ("scaled_dot_product_attention", " / math.sqrt(d_k)", ""),
+}
+
+
+def chapters(course: Path) -> list[str]:
+    """The chapter ids, read from the instructor notebooks in ``solutions/``."""
+    return sorted(p.name for p in (course / "solutions").glob("[0-9]*_*") if p.is_dir())
+
+
+def scratch_course(repo: Path, dest: Path) -> Path:
+    """Copy what an instructor keeps (configuration and instructor notebooks) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(repo / "nbgrader_config.py", dest / "nbgrader_config.py")
+    shutil.copytree(repo / "solutions", dest / "solutions", dirs_exist_ok=True)
+    return dest
+
+
+def api(course: Path) -> NbGraderAPI:
+    """nbgrader's API for the course in ``course``, configured by its own nbgrader_config.py."""
+    # nbgrader runs `alembic` (gradebook migrations) and kernels as commands: take this Python's.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ["PATH"].split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    config.CourseDirectory.root = str(course)
+    return NbGraderAPI(config=config)
+
+
+def run(result: dict) -> str:
+    """Raise with nbgrader's own traceback when an API call failed; return its log."""
+    if not result["success"]:
+        raise RuntimeError(result.get("error") or result.get("log") or "nbgrader failed")
+    return result.get("log", "")
+
+
+def release(course: Path, chapter: str) -> Path:
+    """``nbgrader generate_assignment``: the learners' notebook, made from the instructor's."""
+    run(api(course).generate_assignment(chapter, force=True))
+    return course / "notebooks" / chapter / f"{chapter}.ipynb"
+
+
+def solved(course: Path, chapter: str) -> nbformat.NotebookNode:
+    """The released notebook with every solution cell filled in from the instructor's notebook."""
+    source = nbformat.read(course / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    answers = {
+        c.metadata["nbgrader"]["grade_id"]: SOLUTION_MARKERS.sub("", c.source)
+        for c in source.cells
+        if c.metadata.get("nbgrader", {}).get("solution")
+    }
+    notebook = nbformat.read(course / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return notebook
+
+
+def with_mistake(notebook: nbformat.NotebookNode, grade_id: str, correct: str, mistaken: str):
+    """A copy of ``notebook`` whose cell ``grade_id`` has ``correct`` replaced by ``mistaken``."""
+    notebook = nbformat.from_dict(notebook)
+    cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    if correct not in cell.source:
+        raise ValueError(f"cell {grade_id!r} does not contain {correct!r}")
+    cell.source = cell.source.replace(correct, mistaken)
+    return notebook
+
+
+def submit(course: Path, student: str, chapter: str, notebook: nbformat.NotebookNode) -> Path:
+    """Place a notebook where ``nbgrader collect`` would: submitted/<student>/<chapter>/."""
+    path = course / "submitted" / student / chapter / f"{chapter}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, path)
+    return path
+
+
+def autograde(course: Path, student: str, chapter: str) -> str:
+    return run(api(course).autograde(chapter, student, force=True, create=True))
+
+
+def feedback(course: Path, student: str, chapter: str) -> Path:
+    run(api(course).generate_feedback(chapter, student, force=True))
+    return course / "feedback" / student / chapter / f"{chapter}.html"
+
+
+def scores(course: Path, student: str, chapter: str) -> dict[str, float]:
+    """Points per graded cell of one autograded submission, and the total under ``"total"``."""
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        submission = gradebook.find_submission_notebook(chapter, chapter, student)
+        points = {grade.name: grade.score for grade in submission.grades}
+        points["total"] = submission.score
+        return points
+
+
+def max_score(course: Path, chapter: str) -> float:
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        return gradebook.find_assignment(chapter).max_score
+
+
+def failure_messages(course: Path, student: str, chapter: str) -> list[str]:
+    """The first line of each failed graded cell's error: the check's diagnosis of the mistake."""
+    notebook = nbformat.read(course / "autograded" / student / chapter / f"{chapter}.ipynb", as_version=4)
+    messages = []
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            for output in cell.get("outputs", []):
+                if output.output_type == "error":
+                    messages.append(f"{output.ename}: {output.evalue.splitlines()[0] if output.evalue else ''}")
+    return messages

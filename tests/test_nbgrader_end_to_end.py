@@ -1,0 +1,72 @@
+"""Real nbgrader on a scratch copy of the course, for every chapter: release, autograde, feedback."""
+
+import filecmp
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograde_tests import course
+
+REPO = Path(__file__).resolve().parents[1]
+CHAPTERS = course.chapters(REPO)
+
+
+@pytest.fixture(scope="module", params=CHAPTERS)
+def graded(request, tmp_path_factory):
+    """A scratch course where three students handed in one chapter and were autograded."""
+    chapter = request.param
+    root = course.scratch_course(REPO, tmp_path_factory.mktemp(chapter))
+    released = course.release(root, chapter)
+    solved = course.solved(root, chapter)
+    cell, correct, mistaken = course.TYPICAL_MISTAKES[chapter]
+    handed_in = {
+        "solved": solved,
+        "untouched": nbformat.read(released, as_version=4),
+        "one_mistake": course.with_mistake(solved, cell, correct, mistaken),
+    }
+    for student, notebook in handed_in.items():
+        course.submit(root, student, chapter, notebook)
+        course.autograde(root, student, chapter)
+    return root, chapter
+
+
+def test_every_chapter_has_a_typical_mistake_for_the_demo():
+    assert set(CHAPTERS) <= set(course.TYPICAL_MISTAKES)
+
+
+def test_release_is_byte_for_byte_the_committed_notebook(graded):
+    root, chapter = graded
+    generated, committed = root / "notebooks" / chapter, REPO / "notebooks" / chapter
+    comparison = filecmp.dircmp(generated, committed)
+    assert not comparison.left_only and not comparison.right_only, "notebooks/ is out of sync: run `make release`"
+    for name in comparison.common_files:
+        assert (generated / name).read_bytes() == (committed / name).read_bytes(), (
+            f"notebooks/{chapter}/{name} is out of sync with solutions/: run `make release`"
+        )
+
+
+def test_solved_notebook_gets_full_marks(graded):
+    root, chapter = graded
+    assert course.scores(root, "solved", chapter)["total"] == course.max_score(root, chapter)
+
+
+def test_untouched_release_gets_zero(graded):
+    root, chapter = graded
+    assert course.scores(root, "untouched", chapter)["total"] == 0
+
+
+def test_one_mistake_loses_exactly_that_exercises_points(graded):
+    root, chapter = graded
+    cell = course.TYPICAL_MISTAKES[chapter][0]
+    points = course.scores(root, "one_mistake", chapter)
+    full = course.scores(root, "solved", chapter)
+    assert points[f"test_{cell}"] == 0
+    assert all(points[test] == full[test] for test in full if test not in (f"test_{cell}", "total"))
+    assert points["total"] == full["total"] - full[f"test_{cell}"]
+
+
+def test_feedback_is_written_as_html(graded):
+    root, chapter = graded
+    html = course.feedback(root, "one_mistake", chapter)
+    assert html.is_file() and "<html" in html.read_text()
