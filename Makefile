@@ -18,7 +18,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 
 ## Build the book to _build/html (chapter code executed and cached, warnings are errors).
 book: venv
-	$(BIN)/jupyter-book build book --path-output . --config _config.yml --toc book/_toc.yml -W -n --keep-going
+	$(BIN)/jupyter-book build book --path-output . --config _config.yml -W -n --keep-going
 
 ## Run the whole test suite (the book is built first: its tests read the pages).
 test: book

@@ -1,0 +1,43 @@
+"""The built book (``make book`` runs before the tests) has every chapter, with its figures."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autograde_tests import course
+
+REPO = Path(__file__).resolve().parents[1]
+HTML = REPO / "_build" / "html"
+# Figures each chapter's page must show, all made by executed code.
+FIGURES = {"01_attention": 3}
+
+
+@pytest.fixture(scope="module")
+def html():
+    if not (HTML / "index.html").is_file():
+        pytest.fail("the book is not built: run `make book` (make test does it first)")
+    return HTML
+
+
+def test_table_of_contents_lists_every_chapter_in_order():
+    toc = yaml.safe_load((REPO / "book" / "_toc.yml").read_text())
+    listed = [entry["file"] for entry in toc["chapters"] if entry["file"][:2].isdigit()]
+    assert listed == course.chapters(REPO)
+
+
+@pytest.mark.parametrize("chapter", course.chapters(REPO))
+def test_chapter_page_shows_its_figures(html, chapter):
+    page = html / f"{chapter}.html"
+    assert page.is_file(), f"{page.name} was not built"
+    images = re.findall(r'<img[^>]*src="([^"]+)"', page.read_text())
+    assert len(images) >= FIGURES[chapter], f"{page.name} has {len(images)} figures, expected {FIGURES[chapter]}"
+    missing = [src for src in images if not (html / src).is_file()]
+    assert not missing, f"{page.name} refers to missing images: {missing}"
+
+
+def test_introduction_covers_history_and_the_three_axes(html):
+    text = (html / "intro.html").read_text()
+    for fact in ("1943", "2017", "How is similarity computed?", "How many heads?", "Which mask, and which sequences?"):
+        assert fact in text
