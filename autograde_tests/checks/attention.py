@@ -13,6 +13,7 @@ from ..reference import attention as ref
 from .harness import (
     DTYPES,
     Inputs,
+    Mistake,
     call,
     close,
     devices,
@@ -22,6 +23,7 @@ from .harness import (
     fail,
     forbid_ops,
     largest_error,
+    name_the_mistake,
     passed,
     strict_numerics,
 )
@@ -157,13 +159,6 @@ def _attention_inputs(case: AttentionCase, seed: int):
     return q, k, v, mask
 
 
-@dataclass(frozen=True)
-class Mistake:
-    problem: str
-    hint: str
-    attention: object  # (q, k, v, mask) -> (output, weights), as the mistaken code would compute them
-
-
 def _masked_softmax(scores, mask, dim=-1):
     if mask is not None:
         scores = torch.where(mask, scores, float("-inf"))
@@ -235,19 +230,10 @@ MISTAKES = [
 ]
 
 
-def _diagnose(name, what, actual, expected, mistaken) -> None:
-    """Name the mistake whose ``what`` result (0 = output, 1 = weights) matches, else show the largest error."""
-    for mistake, result in mistaken:
-        if result is not None and close(actual, result[what]):
-            fail(name, mistake.problem, mistake.hint)
-    label = ("the output", "the weights")[what]
-    fail(name, f"{label} differs from the reference: {largest_error(actual, expected)}")
-
-
 def _mistaken_results(q, k, v, mask):
     for mistake in MISTAKES:
         try:
-            yield mistake, mistake.attention(q, k, v, mask)
+            yield mistake, mistake.compute(q, k, v, mask)
         except TypeError:  # a mask mistake needs a mask
             yield mistake, None
 
@@ -291,8 +277,8 @@ def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype
         return
     mistaken = list(_mistaken_results(*inputs64))
     if not close(weights, expected[1]):
-        _diagnose(name, 1, weights, expected[1], mistaken)
-    _diagnose(name, 0, out, expected[0], mistaken)
+        name_the_mistake(name, "the weights", weights, expected[1], ((m, None if r is None else r[1]) for m, r in mistaken))
+    name_the_mistake(name, "the output", out, expected[0], ((m, None if r is None else r[0]) for m, r in mistaken))
 
 
 def _expect_no_nan(name, out, weights, mask) -> None:

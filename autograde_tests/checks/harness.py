@@ -7,9 +7,11 @@ under the tolerance below, and, when the numbers are wrong, name the mistake if 
 """
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -128,6 +130,55 @@ def largest_error(actual: torch.Tensor, expected: torch.Tensor) -> str:
         f"largest error {float(error.flatten()[flat]):.3g} at index {index}: "
         f"got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}"
     )
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known mistake: what to tell the learner, and how to compute what the mistaken code returns."""
+
+    problem: str
+    hint: str
+    compute: Callable  # called with the case's float64 CPU inputs; returns what the mistaken code would
+
+
+def name_the_mistake(
+    name: str, what: str, actual: torch.Tensor, expected: torch.Tensor, candidates: Iterable[tuple[Mistake, object]]
+) -> None:
+    """Fail naming the first mistake whose result matches ``actual``, else with the largest error.
+
+    ``candidates`` pairs each mistake with its result for this case (``None`` when it does not apply).
+    """
+    for mistake, result in candidates:
+        if isinstance(result, torch.Tensor) and close(actual, result):
+            fail(name, mistake.problem, mistake.hint)
+    fail(name, f"{what} differs from the reference: {largest_error(actual, expected)}")
+
+
+def construct(name: str, cls: type, *args, **kwargs) -> nn.Module:
+    """Build the learner's module, in eval mode (graded checks never see dropout)."""
+    module = call(name, cls, *args, **kwargs)
+    if not isinstance(module, nn.Module):
+        fail(name, f"should be an nn.Module, got {type(module).__name__}")
+    return module.eval()
+
+
+def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str) -> None:
+    """Load the reference's parameters into the learner's module, by name.
+
+    Checks never rely on initialisation order: both modules get the very same numbers. A missing,
+    extra or misshapen parameter fails with its name and ``hint`` (what the contract asks for).
+    """
+    want, have = reference.state_dict(), learner.state_dict()
+    missing = sorted(want.keys() - have.keys())
+    extra = sorted(have.keys() - want.keys())
+    if missing:
+        fail(name, f"has no parameter {', '.join(missing)}", hint)
+    if extra:
+        fail(name, f"has parameters the reference does not: {', '.join(extra)}", hint)
+    for key, value in want.items():
+        if have[key].shape != value.shape:
+            fail(name, f"parameter {key} has shape {tuple(have[key].shape)}, expected {tuple(value.shape)}", hint)
+    learner.load_state_dict(want)
 
 
 class _CalledFunctions(TorchFunctionMode):
