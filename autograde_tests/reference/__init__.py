@@ -4,5 +4,7 @@ The names and signatures here are the contract's; the tests prove each one again
 """
 
 from .attention import scaled_dot_product_attention, softmax
+from .ffn_layernorm_residual import LayerNorm, PositionwiseFeedForward, SublayerConnection, ffn_as_conv1d
 
 __all__ = ["softmax", "scaled_dot_product_attention"]
+__all__ += ["PositionwiseFeedForward", "ffn_as_conv1d", "LayerNorm", "SublayerConnection"]
