@@ -1,0 +1,81 @@
+"""Every page of the built book, loaded in a real (headless) Chromium with no network but localhost.
+
+Fails on console errors, requests for anything not served by the book itself, broken images, broken
+internal links and maths that MathJax did not render. Saves a screenshot of every chapter page.
+"""
+
+from pathlib import Path
+from urllib.parse import urldefrag, urljoin, urlparse
+
+import pytest
+
+from autograde_tests import course
+
+from .browser import browser, serve
+
+REPO = Path(__file__).resolve().parents[1]
+HTML = REPO / "_build" / "html"
+SCREENSHOTS = REPO / "_build" / "screenshots"
+# The theme logs this on a visitor's very first page view (no stored colour mode), then uses "auto".
+KNOWN_THEME_NOISE = "console error: Got invalid theme mode: . Resetting to auto."
+PAGES = sorted(p.name for p in HTML.glob("*.html") if p.name not in ("genindex.html", "search.html"))
+
+
+@pytest.fixture(scope="module")
+def site():
+    if not (HTML / "index.html").is_file():
+        pytest.fail("the book is not built: run `make book` (make test does it first)")
+    with serve(HTML) as base, browser() as chromium:
+        yield base, chromium
+
+
+def open_page(chromium, url):
+    """Load ``url``, blocking every request that leaves the local server; return the page and problems."""
+    page = chromium.new_page()
+    problems = []
+    host = urlparse(url).netloc
+    page.on("console", lambda m: m.type == "error" and problems.append(f"console error: {m.text}"))
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+
+    def only_local(route):
+        if urlparse(route.request.url).netloc == host or route.request.url.startswith("data:"):
+            route.continue_()
+        else:
+            problems.append(f"asks the network for {route.request.url}")
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.goto(url, wait_until="load")
+    return page, problems
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_page_loads_offline_without_errors(site, name):
+    base, chromium = site
+    page, problems = open_page(chromium, urljoin(base, name))
+    if page.locator(".math").count():
+        page.wait_for_function("window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=20000)
+        page.evaluate("MathJax.startup.promise")
+        rendered = page.locator("mjx-container").count()
+        assert rendered >= page.locator(".math").count(), f"{name}: maths not rendered by MathJax"
+        assert page.locator("mjx-merror").count() == 0, f"{name}: MathJax reported a TeX error"
+    broken = page.evaluate("[...document.images].filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)")
+    assert not broken, f"{name}: broken images {broken}"
+    links = page.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.href)")
+    for link in links:
+        target, _ = urldefrag(link)
+        if target.startswith(base):
+            path = HTML / target[len(base) :]
+            assert path.is_file() or (path / "index.html").is_file(), f"{name}: broken link to {link}"
+    if name[:2].isdigit():
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=SCREENSHOTS / f"{Path(name).stem}.png", full_page=True)
+        print(f"screenshot: {SCREENSHOTS / Path(name).stem}.png")
+    page.close()
+    problems = [p for p in problems if p != KNOWN_THEME_NOISE]
+    assert not problems, f"{name}: " + "; ".join(problems)
+
+
+def test_every_chapter_page_was_loaded():
+    assert {f"{chapter}.html" for chapter in course.chapters(REPO)} <= set(PAGES)
