@@ -5,5 +5,7 @@ every case passed. ``hidden=True`` is what nbgrader runs at grading time: other 
 """
 
 from .attention import check_scaled_dot_product_attention, check_softmax
+from .multi_head_attention import check_merge_heads, check_multi_head_attention, check_split_heads
 
 __all__ = ["check_softmax", "check_scaled_dot_product_attention"]
+__all__ += ["check_split_heads", "check_merge_heads", "check_multi_head_attention"]

@@ -1,0 +1,424 @@
+"""Checks for chapter 02_multi_head_attention: ``split_heads``, ``merge_heads`` and ``MultiHeadAttention``.
+
+The module check builds an ``nn.MultiheadAttention`` with seeded weights, turns it into the reference
+with ``MultiHeadAttention.from_torch``, loads those weights into the learner's module, and compares the
+learner's output with both. Visible checks use one fixed set of shapes and seeds; the hidden ones use
+others, with m != n, batch > 1, h in {1, 2, 4, ...} and both bias settings.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..reference import multi_head_attention as ref
+from ..reference.attention import scaled_dot_product_attention
+from .harness import (
+    DTYPES,
+    Inputs,
+    Mistake,
+    call,
+    close,
+    construct,
+    copy_weights,
+    devices,
+    expect_device_agnostic,
+    expect_tensor,
+    expect_unchanged,
+    fail,
+    largest_error,
+    name_the_mistake,
+    passed,
+    strict_numerics,
+)
+
+CONTRACT = "the contract asks for w_q, w_k, w_v, w_o, each nn.Linear(d_model, d_model, bias=bias)."
+
+
+def draw_parameters(module: nn.Module, draw: Inputs) -> nn.Module:
+    """Overwrite every parameter with seeded numbers, so no check depends on initialisation.
+
+    Weights are scaled by 1/sqrt(fan_in) so that projections keep unit variance and softmax does not
+    saturate; biases are drawn too (nn.MultiheadAttention starts them at zero, which would hide a lost bias).
+    """
+    with torch.no_grad():
+        for _, p in sorted(module.named_parameters()):
+            p.copy_(draw.randn(*p.shape) / math.sqrt(p.shape[-1]))
+    return module
+
+
+def _call_reporting_views(name, fn, *args, **kwargs):
+    """``call``, with a hint for the classic ``.view`` after ``.transpose``."""
+    try:
+        return call(name, fn, *args, **kwargs)
+    except AssertionError as error:
+        if "view size is not compatible" in str(error):
+            fail(
+                name,
+                str(error).removeprefix(f"{name}: "),
+                "after a transpose the tensor is no longer contiguous: use .reshape, or .contiguous().view.",
+            )
+        raise
+
+
+# ---------------------------------------------------------------------------- split_heads, merge_heads
+
+
+@dataclass(frozen=True)
+class HeadsCase:
+    batch: int
+    length: int
+    n_heads: int
+    d_k: int
+
+
+VISIBLE_HEADS = [HeadsCase(2, 3, 2, 4), HeadsCase(1, 5, 4, 3), HeadsCase(3, 4, 1, 6)]
+HIDDEN_HEADS = [
+    HeadsCase(3, 7, 4, 2),
+    HeadsCase(2, 5, 2, 6),
+    HeadsCase(4, 2, 3, 5),
+    HeadsCase(1, 6, 8, 1),
+    HeadsCase(2, 4, 1, 3),
+]
+
+SPLIT_MISTAKES = [
+    Mistake(
+        "heads mix positions: you reshaped (B, T, d_model) straight to (B, h, T, d_k) without the transpose",
+        "reshape to (B, T, h, d_k) first, so that only the features are split, then .transpose(1, 2).",
+        lambda x, h: x.reshape(x.size(0), h, x.size(1), -1),
+    ),
+    Mistake(
+        "each head takes every h-th feature instead of a block of d_k neighbouring features",
+        "head i owns features i*d_k .. (i+1)*d_k - 1: reshape to (B, T, h, d_k), not (B, T, d_k, h).",
+        lambda x, h: x.reshape(x.size(0), x.size(1), -1, h).permute(0, 3, 1, 2),
+    ),
+]
+MERGE_MISTAKES = [
+    Mistake(
+        "merging heads without transposing back: you reshaped (B, h, T, d_k) straight to (B, T, d_model), "
+        "so positions and heads are mixed",
+        "first .transpose(1, 2) back to (B, T, h, d_k), then reshape to (B, T, h * d_k).",
+        lambda x: x.reshape(x.size(0), x.size(2), -1),
+    ),
+    Mistake(
+        "heads are interleaved feature by feature instead of placed side by side",
+        "the inverse of split_heads puts head 0's d_k features first, then head 1's, ...: "
+        ".transpose(1, 2).reshape(B, T, h * d_k).",
+        lambda x: x.permute(0, 2, 3, 1).reshape(x.size(0), x.size(2), -1),
+    ),
+]
+
+
+def check_split_heads(split_heads, hidden: bool = False) -> None:
+    """Check a learner's ``split_heads(x, n_heads)``: (B, T, d_model) -> (B, h, T, d_k)."""
+    name = "split_heads"
+    cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
+    seed = 3000 if hidden else 300
+    count = 0
+    with strict_numerics():
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
+                    x64 = Inputs(seed + i).randn(B, T, h * d_k)
+                    x = x64.to(dtype=dtype, device=device)
+                    before = x.clone()
+                    out = _call_reporting_views(name, split_heads, x, h)
+                    if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
+                        fail(
+                            name,
+                            f"each head has d_model = {h * d_k} features instead of d_k = d_model / h = {d_k}",
+                            "the h heads share the d_model features: d_k = d_model // n_heads.",
+                        )
+                    expect_tensor(name, "the output", out, (B, h, T, d_k), like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    expected = ref.split_heads(x64, h)
+                    if not close(out, expected):
+                        name_the_mistake(
+                            name, "the output", out, expected, ((m, m.compute(x64, h)) for m in SPLIT_MISTAKES)
+                        )
+                    count += 1
+        expect_device_agnostic(name, lambda x: split_heads(x, cases[0].n_heads), (Inputs(seed).randn(2, 3, 8),))
+    passed(name, count)
+
+
+def check_merge_heads(merge_heads, hidden: bool = False) -> None:
+    """Check a learner's ``merge_heads(x)``: (B, h, T, d_k) -> (B, T, h * d_k), the inverse of split_heads."""
+    name = "merge_heads"
+    cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
+    seed = 3100 if hidden else 310
+    count = 0
+    with strict_numerics():
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
+                    x64 = Inputs(seed + i).randn(B, h, T, d_k)
+                    x = x64.to(dtype=dtype, device=device)
+                    before = x.clone()
+                    out = _call_reporting_views(name, merge_heads, x)
+                    expect_tensor(name, "the output", out, (B, T, h * d_k), like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    expected = ref.merge_heads(x64)
+                    if not close(out, expected):
+                        name_the_mistake(
+                            name, "the output", out, expected, ((m, m.compute(x64)) for m in MERGE_MISTAKES)
+                        )
+                    count += 1
+        expect_device_agnostic(name, merge_heads, (Inputs(seed).randn(2, 2, 3, 4),))
+    passed(name, count)
+
+
+# ---------------------------------------------------------------------------------- MultiHeadAttention
+
+
+@dataclass(frozen=True)
+class MHACase:
+    batch: int
+    m: int
+    n: int
+    d_model: int
+    n_heads: int
+    bias: bool
+    mask: str | None = None  # None, "keys" (B, 1, 1, n), "pairs" (m, n), "both" (B, 1, m, n), "heads" (B, h, m, n)
+    self_attention: bool = False  # forward(x) with y left out (then n == m)
+
+
+VISIBLE_MHA = [
+    MHACase(2, 3, 5, 8, 2, False),
+    MHACase(2, 4, 6, 12, 4, True, "keys"),
+    MHACase(3, 5, 5, 6, 1, False, "pairs", self_attention=True),
+]
+HIDDEN_MHA = [
+    MHACase(3, 5, 7, 16, 4, False),
+    MHACase(2, 6, 3, 12, 2, True, "keys"),
+    MHACase(4, 4, 4, 10, 1, True, self_attention=True),
+    MHACase(2, 7, 5, 8, 4, False, "both"),
+    MHACase(3, 6, 6, 18, 3, False, "keys", self_attention=True),
+    MHACase(2, 3, 8, 16, 8, True, "heads"),
+    MHACase(1, 2, 9, 6, 2, False, "pairs"),
+]
+
+
+def _mha_inputs(case: MHACase, seed: int):
+    """Float64 CPU x, y, our mask (True = may attend) and torch's two masks (True = blocked)."""
+    draw = Inputs(seed)
+    B, m, n, h = case.batch, case.m, case.n, case.n_heads
+    x = draw.randn(B, m, case.d_model)
+    y = x if case.self_attention else draw.randn(B, n, case.d_model)
+    keys = draw.bernoulli(0.7, B, n)
+    pairs = draw.bernoulli(0.7, *((B, h, m, n) if case.mask == "heads" else (m, n)))
+    keys[:, 0] = pairs[..., 0] = True  # no query may attend to nothing: torch would return NaN there
+    mask = key_padding = attn = None
+    if case.mask in ("keys", "both"):
+        mask, key_padding = keys[:, None, None, :], ~keys
+    if case.mask in ("pairs", "both", "heads"):
+        mask = pairs if mask is None else mask & pairs
+        attn = ~pairs.reshape(B * h, m, n) if case.mask == "heads" else ~pairs
+    return x, y, mask, key_padding, attn
+
+
+def _modules(case: MHACase, seed: int):
+    """An nn.MultiheadAttention with seeded weights and the reference built from it."""
+    torch_mha = nn.MultiheadAttention(
+        case.d_model, case.n_heads, bias=case.bias, batch_first=True, dtype=torch.float64
+    ).eval()
+    draw_parameters(torch_mha, Inputs(seed + 500))
+    return torch_mha, ref.MultiHeadAttention.from_torch(torch_mha).eval()
+
+
+def _mha(module, x, y, mask, split=ref.split_heads, merge=ref.merge_heads, scale_by=None):
+    """The reference forward pass with one piece swapped for a mistaken one."""
+    h, d_k = module.n_heads, module.d_k
+    q = split(module.w_q(x), h)  # (B, h, m, d_k)
+    k, v = split(module.w_k(y), h), split(module.w_v(y), h)  # (B, h, n, d_k)
+    if scale_by is not None:  # scores / sqrt(scale_by) instead of / sqrt(d_k)
+        q = q * math.sqrt(d_k / scale_by)
+    heads, weights = scaled_dot_product_attention(q, k, v, mask)
+    return module.w_o(merge(heads)), weights
+
+
+def _split_without_transpose(t, h):
+    return t.reshape(t.size(0), h, t.size(1), -1)
+
+
+def _merge_without_transpose(t):
+    return t.reshape(t.size(0), t.size(2), -1)
+
+
+MHA_MISTAKES = [
+    Mistake(
+        "your scores are scaled by sqrt(d_model) instead of sqrt(d_k), the size of one head",
+        "each head compares d_k = d_model // n_heads features: divide the scores by math.sqrt(d_k).",
+        lambda mod, x, y, mask: _mha(mod, x, y, mask, scale_by=mod.d_model),
+    ),
+    Mistake(
+        "heads mix positions: the projections were reshaped to (B, h, T, d_k) without the transpose",
+        "reshape to (B, T, h, d_k) first, then .transpose(1, 2).",
+        lambda mod, x, y, mask: _mha(mod, x, y, mask, split=_split_without_transpose),
+    ),
+    Mistake(
+        "heads mix positions: they were split without the transpose and merged without transposing back",
+        "split: reshape to (B, T, h, d_k), then .transpose(1, 2); merge: .transpose(1, 2), then reshape.",
+        lambda mod, x, y, mask: _mha(mod, x, y, mask, split=_split_without_transpose, merge=_merge_without_transpose),
+    ),
+    Mistake(
+        "merging heads without transposing back: (B, h, m, d_k) was reshaped straight to (B, m, d_model)",
+        "first .transpose(1, 2) back to (B, m, h, d_k), then reshape to (B, m, d_model), then apply w_o.",
+        lambda mod, x, y, mask: _mha(mod, x, y, mask, merge=_merge_without_transpose),
+    ),
+    Mistake(
+        "the mask is ignored: these values match attention computed without it",
+        "pass `mask` on to the attention of every head; it broadcasts against the (B, h, m, n) scores.",
+        lambda mod, x, y, mask: None if mask is None else _mha(mod, x, y, None),
+    ),
+    Mistake(
+        "mask polarity inverted: your code treats True as 'blocked'",
+        "in this course True means 'may attend' (nn.MultiheadAttention uses the opposite); "
+        "fill the scores where the mask is False.",
+        lambda mod, x, y, mask: None if mask is None else _mha(mod, x, y, ~mask),
+    ),
+]
+
+
+def _expect_contract_parameters(name, module, case: MHACase) -> None:
+    """Name the mistakes that show in the parameters' shapes before loading the reference's weights."""
+    d_model, h = case.d_model, case.n_heads
+    d_k = d_model // h
+    shapes = {key: tuple(value.shape) for key, value in module.state_dict().items()}
+    w_q = shapes.get("w_q.weight")
+    if w_q is not None and w_q != (d_model, d_model):
+        if w_q == (h * d_model, d_model):
+            fail(
+                name,
+                f"head size d_model instead of d_model / h: w_q maps {d_model} features to h * d_model = {w_q[0]}",
+                f"each of the h heads has d_k = d_model // n_heads = {d_k} features, so all heads together "
+                "need d_model: w_q = nn.Linear(d_model, d_model).",
+            )
+        if w_q == (d_k, d_k):
+            fail(
+                name,
+                f"w_q is a ({d_k}, {d_k}) projection applied per head: you split into heads before the projection",
+                "project the whole d_model-wide input with nn.Linear(d_model, d_model) first, then split "
+                "the result into heads.",
+            )
+        if w_q == (d_k, d_model):
+            fail(
+                name,
+                f"projecting per head with the wrong size: w_q maps d_model = {d_model} to d_k = {d_k}, "
+                "one head's worth, for all heads",
+                "one nn.Linear(d_model, d_model) holds the projections of all h heads side by side.",
+            )
+    biases = sorted(key for key in shapes if key.endswith(".bias"))
+    if biases and not case.bias:
+        fail(
+            name,
+            f"bias on when bias=False: your module has {', '.join(biases)}",
+            "nn.Linear has bias=True by default: pass bias=bias to each nn.Linear.",
+        )
+    if case.bias and not biases:
+        fail(name, "ignores bias=True: your module has no bias parameters", "pass bias=bias to each nn.Linear.")
+
+
+def _forward(name, module, case: MHACase, x, y, mask):
+    """Call the module as the contract says; name the mistake of using the query length for keys/values."""
+    kwargs = {} if mask is None else {"mask": mask}
+    if case.self_attention:
+        return call(name, module, x, **kwargs)
+    try:
+        return call(name, module, x, y, **kwargs)
+    except AssertionError:
+        if case.m != case.n and mask is None and _runs(module, x, x):
+            fail(
+                name,
+                f"works when m == n but fails with m = {case.m} queries and n = {case.n} keys: the keys and "
+                "values were reshaped with the query length",
+                "take the length of each tensor from itself: y.size(1) for keys and values, "
+                "or reshape with -1.",
+            )
+        raise
+
+
+def _runs(module, *args) -> bool:
+    try:
+        module(*args)
+    except Exception:  # the learner's code may raise anything
+        return False
+    return True
+
+
+def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None:
+    """Check a learner's ``MultiHeadAttention(d_model, n_heads, bias=False)``: forward(x, y=None, mask=None)."""
+    name = "MultiHeadAttention"
+    cases = HIDDEN_MHA if hidden else VISIBLE_MHA
+    seed = 3200 if hidden else 320
+    count = 0
+    with strict_numerics(), torch.no_grad():
+        for i, case in enumerate(cases):
+            torch_mha, reference = _modules(case, seed + i)
+            args = (case.d_model, case.n_heads) + ((True,) if case.bias else ())  # bias=False by default
+            learner = construct(name, MultiHeadAttention, *args)
+            _expect_contract_parameters(name, learner, case)
+            inputs = _mha_inputs(case, seed + i)
+            expected = reference(*inputs[:3])
+            torch_output, _ = torch_mha(
+                inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4],
+                need_weights=False,
+            )
+            for device in devices():
+                for dtype in DTYPES:
+                    learner.to(dtype=dtype, device=device)
+                    copy_weights(name, learner, reference, CONTRACT)
+                    _check_mha_case(name, learner, reference, case, inputs[:3], expected, torch_output, dtype, device)
+                    count += 1
+        masked = next(c for c in cases if c.mask is not None)
+        learner = construct(name, MultiHeadAttention, masked.d_model, masked.n_heads).to("meta")
+        expect_device_agnostic(name, learner, _mha_inputs(masked, seed)[:3])
+    passed(name, count)
+
+
+def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_output, dtype, device) -> None:
+    x, y, mask = (None if t is None else t.to(device) for t in inputs64)
+    x, y = x.to(dtype), y.to(dtype)
+    before = {"x": (x, x.clone()), "y": (y, y.clone())}
+    result = _forward(name, learner, case, x, y, mask)
+    if not (isinstance(result, tuple) and len(result) == 2):
+        fail(name, f"forward should return a tuple (output, weights), got {type(result).__name__}")
+    out, weights = result
+    _expect_weights_per_head_and_key(name, weights, expected[1].shape)
+    expect_tensor(name, "output", out, expected[0].shape, like=x)
+    expect_tensor(name, "weights", weights, expected[1].shape, like=x)
+    expect_unchanged(name, before)
+    if mask is not None and not torch.equal(mask, inputs64[2].to(device)):
+        fail(name, "modified its input `mask` in place", "use ~mask or torch.where instead of in-place ops.")
+    if torch.isnan(out).any() or torch.isnan(weights).any():
+        fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
+    if not (close(out, expected[0]) and close(weights, expected[1])):
+        mistaken = [(m, m.compute(reference, *inputs64) or (None, None)) for m in MHA_MISTAKES]
+        if not close(weights, expected[1]):
+            name_the_mistake(name, "the weights", weights, expected[1], ((m, r[1]) for m, r in mistaken))
+        name_the_mistake(name, "the output", out, expected[0], ((m, r[0]) for m, r in mistaken))
+    if not close(out, torch_output):
+        fail(
+            name,
+            f"the output differs from nn.MultiheadAttention with the same weights: {largest_error(out, torch_output)}",
+        )
+
+
+def _expect_weights_per_head_and_key(name, weights, shape) -> None:
+    """Name the two wrong shapes of the weights that have a known cause."""
+    B, h, m, n = shape
+    got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else None
+    if got == (B, m, n) and h > 1:
+        fail(
+            name,
+            f"weights has shape {got}, expected {tuple(shape)}: the heads' weights were averaged",
+            "return one attention map per head, (B, h, m, n) (nn.MultiheadAttention averages them by default).",
+        )
+    if got == (B, h, m, m) and m != n:
+        fail(
+            name,
+            f"weights has shape {got}, expected {tuple(shape)}: the keys came from x instead of y",
+            "x goes into the Q port and y into the K and V ports: k = w_k(y), v = w_v(y) (y defaults to x).",
+        )
