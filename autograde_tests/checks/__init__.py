@@ -6,6 +6,13 @@ every case passed. ``hidden=True`` is what nbgrader runs at grading time: other 
 
 from .attention import check_scaled_dot_product_attention, check_softmax
 from .multi_head_attention import check_merge_heads, check_multi_head_attention, check_split_heads
+from .ffn_layernorm_residual import (
+    check_ffn_as_conv1d,
+    check_layer_norm,
+    check_positionwise_feed_forward,
+    check_sublayer_connection,
+)
 
 __all__ = ["check_softmax", "check_scaled_dot_product_attention"]
 __all__ += ["check_split_heads", "check_merge_heads", "check_multi_head_attention"]
+__all__ += ["check_positionwise_feed_forward", "check_ffn_as_conv1d", "check_layer_norm", "check_sublayer_connection"]

@@ -1,0 +1,757 @@
+"""Checks for chapter 04_ffn_layernorm_residual: the FFN, its 1x1-conv form, LayerNorm, SublayerConnection.
+
+Each check loads the reference's (random) weights into the learner's module, so no answer depends on
+initialisation order, and runs every exercise on its own: the SublayerConnection check swaps a known
+LayerNorm into ``self.norm`` and wraps a sublayer the learner did not write. Visible checks use one set
+of shapes and seeds; the hidden ones nbgrader runs use others.
+"""
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..reference import attention as ref_attention
+from ..reference import ffn_layernorm_residual as ref
+from .harness import (
+    DTYPES,
+    Inputs,
+    Mistake,
+    call,
+    close,
+    construct,
+    copy_weights,
+    devices,
+    expect_device_agnostic,
+    expect_tensor,
+    expect_unchanged,
+    fail,
+    largest_error,
+    name_the_mistake,
+    passed,
+    strict_numerics,
+)
+
+DROPOUT_IN_EVAL = (
+    "gives different results for the same input in eval mode: its dropout is still active",
+    "use nn.Dropout (model.eval() switches it off) or F.dropout(..., training=self.training).",
+)
+
+
+def _randomise(module: nn.Module, draw: Inputs) -> nn.Module:
+    """Seeded parameters of a useful size: weights ~ N(0, 1/fan_in), biases and LayerNorm β ~ N(0, 0.5²),
+    LayerNorm γ ~ 1 + N(0, 0.5²). γ = 1, β = 0 would hide a LayerNorm that forgets them."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = draw.randn(*p.shape).to(p.dtype)
+            if p.dim() >= 2:
+                p.copy_(noise / math.sqrt(p[0].numel()))
+            elif name.endswith("norm.weight") or (name == "weight" and isinstance(module, ref.LayerNorm)):
+                p.copy_(1 + 0.5 * noise)
+            else:
+                p.copy_(0.5 * noise)
+    return module
+
+
+def _candidates(mistakes: list[Mistake], *args):
+    """Pairs (mistake, what the mistaken code returns on ``args``); None where it does not apply."""
+    for mistake in mistakes:
+        try:
+            with torch.no_grad():
+                result = mistake.compute(*args)
+        except (TypeError, ValueError, RuntimeError):
+            result = None
+        yield mistake, result
+
+
+def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
+    if not close(again(), first):
+        fail(name, *DROPOUT_IN_EVAL)
+
+
+def _module_on_meta(module: nn.Module) -> nn.Module:
+    return copy.deepcopy(module).to("meta")
+
+
+# --------------------------------------------------------------------------- PositionwiseFeedForward
+
+
+@dataclass(frozen=True)
+class FeedForwardCase:
+    batch: int
+    length: int
+    d_model: int
+    d_ff: int
+    dropout: float = 0.0  # > 0 to check that eval mode switches it off
+
+
+VISIBLE_FFN = [FeedForwardCase(2, 8, 8, 16, 0.1), FeedForwardCase(3, 5, 6, 20)]
+HIDDEN_FFN = [
+    FeedForwardCase(2, 10, 10, 24, 0.3),  # length == d_model first: a transposed FFN runs, then is caught
+    FeedForwardCase(4, 7, 12, 40),
+    FeedForwardCase(1, 9, 5, 7, 0.5),
+    FeedForwardCase(3, 1, 16, 64),
+]
+FFN_HINT = (
+    "the contract names the layers linear1 = nn.Linear(d_model, d_ff) and linear2 = nn.Linear(d_ff, d_model), "
+    "both with a bias (nn.Linear's default)."
+)
+
+
+def _ffn(x, ffn, activation=torch.relu, after=lambda y: y):
+    return after(ffn.linear2(activation(ffn.linear1(x))))
+
+
+FFN_MISTAKES = [
+    Mistake(
+        "there is no ReLU between linear1 and linear2: two Linear layers in a row are a single linear map",
+        "apply torch.relu (or nn.ReLU) to the output of linear1, before linear2.",
+        lambda x, ffn: _ffn(x, ffn, activation=lambda h: h),
+    ),
+    Mistake(
+        "a ReLU is also applied after linear2, so the FFN can never output a negative number",
+        "the paper's FFN is linear2(relu(linear1(x))): one ReLU, between the two layers.",
+        lambda x, ffn: _ffn(x, ffn, after=torch.relu),
+    ),
+    Mistake(
+        "the activation is GELU; the paper's FFN (and this exercise) uses ReLU",
+        "use torch.relu between the two layers.",
+        lambda x, ffn: _ffn(x, ffn, activation=nn.functional.gelu),
+    ),
+]
+
+
+def _ffn_input(case: FeedForwardCase, seed: int) -> torch.Tensor:
+    return Inputs(seed).randn(case.batch, case.length, case.d_model)
+
+
+def _reference_ffn(case: FeedForwardCase, seed: int) -> ref.PositionwiseFeedForward:
+    module = ref.PositionwiseFeedForward(case.d_model, case.d_ff).double()
+    return _randomise(module, Inputs(seed + 500)).eval()
+
+
+def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = False) -> None:
+    """Check a learner's ``PositionwiseFeedForward(d_model, d_ff, dropout=0.0)``; raise AssertionError naming the mistake."""
+    name = "PositionwiseFeedForward"
+    cases = HIDDEN_FFN if hidden else VISIBLE_FFN
+    seed = 4100 if hidden else 400
+    with strict_numerics():
+        _expect_position_wise(name, PositionwiseFeedForward, cases[0], seed)
+        count = 0
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
+                    reference = _reference_ffn(case, seed + i)
+                    copy_weights(name, module.to(torch.float64), reference, FFN_HINT)
+                    module.to(device=device, dtype=dtype)
+                    x64 = _ffn_input(case, seed + i)
+                    x = x64.to(device=device, dtype=dtype)
+                    before = x.clone()
+                    out = call(name, module, x)
+                    expect_tensor(name, "the output", out, x.shape, like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    out = out.detach()
+                    _expect_deterministic(name, out, lambda: module(x).detach())
+                    expected = reference(x64).detach()
+                    if not close(out, expected):
+                        name_the_mistake(name, "the output", out, expected, _candidates(FFN_MISTAKES, x64, reference))
+                    count += 1
+    passed(name, count)
+
+
+def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, seed: int) -> None:
+    """Position-wise, on the learner's own initial weights: each output row depends on its input row
+    only, through the same function at every position (permuting positions permutes the output)."""
+    module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
+    module.to(torch.float64)
+    draw = Inputs(seed + 900)
+    x = draw.randn(case.batch, case.length, case.d_model)
+    out = call(name, module, x)
+    expect_tensor(name, "the output", out, x.shape, like=x)
+    _expect_deterministic(name, out, lambda: module(x))
+    hint = (
+        "nn.Linear acts on the last axis (d_model) and treats every other axis as a batch: apply linear1 and "
+        "linear2 to x as it is, without transposing it or combining positions."
+    )
+    for t in range(case.length):
+        nudged = x.clone()
+        nudged[:, t] += draw.randn(case.batch, case.d_model)
+        changed = call(name, module, nudged)
+        for s in range(case.length):
+            if s != t and not close(changed[:, s], out[:, s]):
+                fail(
+                    name,
+                    f"your FFN mixes positions: changing the input at position {t} changed the output at position {s} "
+                    "(a position-wise FFN transforms each token on its own; mixing positions is attention's job)",
+                    hint,
+                )
+    order = torch.randperm(case.length, generator=draw.generator)
+    if not close(call(name, module, x[:, order]), out[:, order]):
+        fail(
+            name,
+            "permuting the positions of the input did not permute the output the same way: "
+            "your FFN is not the same function at every position",
+            "use the same two layers, with the same weights, for every position; nothing may depend on the index.",
+        )
+
+
+# ------------------------------------------------------------------------------------- ffn_as_conv1d
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    batch: int
+    length: int
+    d_model: int  # != d_ff, so the two convolutions can be told apart by their shapes
+    d_ff: int
+
+
+VISIBLE_CONV = [ConvCase(2, 6, 6, 10), ConvCase(3, 4, 5, 12)]
+HIDDEN_CONV = [ConvCase(2, 9, 9, 20), ConvCase(1, 7, 12, 5), ConvCase(4, 1, 8, 32), ConvCase(3, 11, 4, 6)]
+CONV_SHAPE_HINT = (
+    "nn.Conv1d wants (B, channels, T): transpose x from (B, T, d_model) to (B, d_model, T) before the "
+    "convolutions, and the result back to (B, T, d_model) after them."
+)
+
+CONV_MISTAKES = [
+    Mistake(
+        "your convolution slides over the features instead of the positions: x was not transposed to "
+        "(B, d_model, T) before nn.Conv1d, so the positions were treated as channels and mixed",
+        CONV_SHAPE_HINT,
+        lambda x, ffn: ffn(x.transpose(1, 2)).transpose(1, 2),
+    ),
+    Mistake(
+        "the output was not transposed back: it is (B, d_model, T), not (B, T, d_model)",
+        CONV_SHAPE_HINT,
+        lambda x, ffn: ffn(x).transpose(1, 2),
+    ),
+    Mistake(
+        "there is no ReLU between the two convolutions, so this is not the FFN it was built from",
+        "apply torch.relu between conv1 and conv2, as the FFN does between linear1 and linear2.",
+        lambda x, ffn: _ffn(x, ffn, activation=lambda h: h),
+    ),
+]
+
+
+class _LinearCalls(TorchFunctionMode):
+    """Counts calls of F.linear (which every nn.Linear makes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "linear":
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _conv_from_the_learner(name, ffn_as_conv1d, ffn) -> nn.Module:
+    before = copy.deepcopy(ffn.state_dict())
+    conv = call(name, ffn_as_conv1d, ffn)
+    if not isinstance(conv, nn.Module):
+        fail(name, f"should return an nn.Module, got {type(conv).__name__}")
+    if any(not torch.equal(before[k], v) for k, v in ffn.state_dict().items()):
+        fail(name, "modified the weights of the ffn it was given", "copy the weights into the convolutions; leave ffn alone.")
+    layers = [m for m in conv.modules() if isinstance(m, nn.Conv1d)]
+    if not layers:
+        fail(name, "the module it returns has no nn.Conv1d layer", "build it from nn.Conv1d(..., kernel_size=1) layers.")
+    for layer in layers:
+        if layer.kernel_size != (1,):
+            fail(
+                name,
+                f"uses nn.Conv1d with kernel_size={layer.kernel_size[0]}, which mixes neighbouring positions",
+                "a position-wise FFN is a 1x1 convolution: kernel_size=1.",
+            )
+    if any(isinstance(m, nn.Linear) for m in conv.modules()):
+        fail(name, "the module it returns still contains nn.Linear layers", "build it from nn.Conv1d layers only.")
+    return conv.eval()
+
+
+def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> None:
+    calls: dict[str, int] = {}
+    hooks = [
+        m.register_forward_hook(lambda module, args, out, key=key: calls.__setitem__(key, calls.get(key, 0) + 1))
+        for key, m in conv.named_modules()
+        if isinstance(m, nn.Conv1d)
+    ]
+    keys = [key for key, m in conv.named_modules() if isinstance(m, nn.Conv1d)]
+    try:
+        with _LinearCalls() as linear:
+            call(name, conv, x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    unused = [key for key in keys if key not in calls]
+    if unused:
+        fail(
+            name,
+            f"the nn.Conv1d layer {', '.join(unused)} is never called when the module runs",
+            "call the layers themselves in forward (self.conv1(x)), not F.conv1d or a matmul on their weights.",
+        )
+    if linear.count:
+        fail(name, "the module it returns calls F.linear", "compute the FFN with the nn.Conv1d layers only.")
+
+
+def _reference_ffn_float32(case: ConvCase, seed: int) -> ref.PositionwiseFeedForward:
+    """A float32 CPU FFN, as a learner's would be: its weights are exact in float32 and float64 alike."""
+    return _randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).eval()
+
+
+def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
+    """Check a learner's ``ffn_as_conv1d(ffn) -> nn.Module`` on FFNs the learner did not write."""
+    name = "ffn_as_conv1d"
+    cases = HIDDEN_CONV if hidden else VISIBLE_CONV
+    seed = 4200 if hidden else 420
+    with strict_numerics():
+        count = 0
+        for i, case in enumerate(cases):
+            ffn = _reference_ffn_float32(case, seed + i)
+            conv = _conv_from_the_learner(name, ffn_as_conv1d, ffn)
+            ffn64 = copy.deepcopy(ffn).double()
+            x64 = Inputs(seed + i).randn(case.batch, case.length, case.d_model)
+            with torch.no_grad():
+                expected = ffn64(x64)
+            for device in devices():
+                for dtype in DTYPES:
+                    conv.to(device=device, dtype=dtype)
+                    x = x64.to(device=device, dtype=dtype)
+                    before = x.clone()
+                    _expect_convolutions_do_the_work(name, conv, x)
+                    out = call(name, conv, x)
+                    expect_tensor(name, "the output", out, x.shape, like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    out = out.detach()
+                    if not close(out, expected):
+                        _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
+                    count += 1
+    passed(name, count)
+
+
+def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
+    for mistake, result in _candidates(CONV_MISTAKES, x64, ffn64):
+        if isinstance(result, torch.Tensor) and close(out, result):
+            fail(name, mistake.problem, mistake.hint)
+    layers = [m for m in conv.modules() if isinstance(m, nn.Conv1d)]
+    for linear, which in ((ffn64.linear1, "linear1"), (ffn64.linear2, "linear2")):
+        weight = linear.weight.unsqueeze(-1)  # (out, in, 1): a Linear weight as a 1x1 kernel
+        match = [m for m in layers if tuple(m.weight.shape) == tuple(weight.shape)]
+        if not match:
+            fail(name, f"no nn.Conv1d layer has the shape of {which}: expected a weight of shape {tuple(weight.shape)}")
+        layer = match[0]
+        if not close(layer.weight.detach(), weight):
+            fail(
+                name,
+                f"the weights of the convolution that replaces {which} are not {which}'s weights",
+                f"copy ffn.{which}.weight into it, reshaped to (out, in, 1) with .unsqueeze(-1).",
+            )
+        if layer.bias is None or not close(layer.bias.detach(), linear.bias):
+            fail(
+                name,
+                f"the bias of the convolution that replaces {which} is not {which}'s bias (biases not copied)",
+                f"copy ffn.{which}.bias into the convolution's bias too.",
+            )
+    fail(name, f"the output differs from the FFN it was built from: {largest_error(out, expected)}")
+
+
+# ----------------------------------------------------------------------------------------- LayerNorm
+
+
+@dataclass(frozen=True)
+class LayerNormCase:
+    shape: tuple[int, ...]  # (..., d_model)
+    eps: float | None = None  # None: the default, constructed as LayerNorm(d_model)
+    scale: float = 1.0  # a small scale makes ε matter next to the variance
+
+
+VISIBLE_LAYER_NORM = [LayerNormCase((2, 5, 8)), LayerNormCase((3, 4, 6), scale=0.01), LayerNormCase((4, 10), eps=0.1)]
+HIDDEN_LAYER_NORM = [
+    LayerNormCase((3, 7, 12)),
+    LayerNormCase((2, 3, 4, 5), scale=0.005),
+    LayerNormCase((5, 9), eps=0.3),
+    LayerNormCase((2, 6, 16), eps=1e-3, scale=0.05),
+    LayerNormCase((4, 2, 7), scale=30.0),
+]
+
+
+def _standardise(x, dims=(-1,), unbiased=False, eps=1e-5, where="inside"):
+    mean = x.mean(dim=dims, keepdim=True)
+    var = x.var(dim=dims, keepdim=True, unbiased=unbiased)
+    if where == "inside":
+        return (x - mean) / torch.sqrt(var + eps)
+    if where == "outside":
+        return (x - mean) / (torch.sqrt(var) + eps)
+    return (x - mean) / torch.sqrt(var)
+
+
+def _affine(norm: ref.LayerNorm, **standardise):
+    return lambda x, n=norm: n.weight * _standardise(x, eps=n.eps, **standardise) + n.bias
+
+
+def _over_batch(x, norm):
+    """BatchNorm's statistics: per feature, over every axis but the last (or the batch axis only)."""
+    return norm.weight * _standardise(x, dims=tuple(range(x.dim() - 1)), eps=norm.eps) + norm.bias
+
+
+BATCH_NORM = (
+    "normalises over the batch axis (BatchNorm) instead of the feature axis: LayerNorm takes the mean and "
+    "variance of each position's d_model features"
+)
+LAYER_NORM_MISTAKES = [
+    Mistake(
+        "your LayerNorm uses the unbiased variance (dividing by d_model - 1); LayerNorm divides by d_model",
+        "use x.var(dim=-1, keepdim=True, unbiased=False) (torch.var and torch.std are unbiased by default).",
+        lambda x, norm: _affine(norm, unbiased=True)(x),
+    ),
+    Mistake(
+        "eps is added outside the square root: (x - mean) / (sqrt(var) + eps)",
+        "the formula is (x - mean) / sqrt(var + eps).",
+        lambda x, norm: _affine(norm, where="outside")(x),
+    ),
+    Mistake(
+        "your LayerNorm ignores its eps argument and always uses 1e-5",
+        "store eps in __init__ (self.eps = eps) and use it in forward.",
+        lambda x, norm: norm.weight * _standardise(x, eps=1e-5) + norm.bias if norm.eps != 1e-5 else None,
+    ),
+    Mistake(
+        "eps is missing: (x - mean) / sqrt(var)",
+        "add eps inside the square root, (x - mean) / sqrt(var + eps), so a constant vector does not divide by 0.",
+        lambda x, norm: _affine(norm, where="nowhere")(x),
+    ),
+    Mistake(
+        "no learnable weight and bias: the output is not scaled by weight and shifted by bias",
+        "return self.weight * x_hat + self.bias, with weight and bias nn.Parameters of shape (d_model,).",
+        lambda x, norm: _standardise(x, eps=norm.eps),
+    ),
+    Mistake(
+        "weight and bias are swapped: the output is scaled by bias and shifted by weight",
+        "return self.weight * x_hat + self.bias.",
+        lambda x, norm: norm.bias * _standardise(x, eps=norm.eps) + norm.weight,
+    ),
+    Mistake(BATCH_NORM, "reduce over dim=-1 with keepdim=True.", _over_batch),
+    Mistake(
+        BATCH_NORM,
+        "reduce over dim=-1 with keepdim=True.",
+        lambda x, norm: norm.weight * _standardise(x, dims=(0,), eps=norm.eps) + norm.bias,
+    ),
+    Mistake(
+        "normalises over the last two axes (positions and features) instead of the features only",
+        "reduce over dim=-1 only: each position is normalised on its own.",
+        lambda x, norm: norm.weight * _standardise(x, dims=(-2, -1), eps=norm.eps) + norm.bias,
+    ),
+]
+NO_PARAMETERS_HINT = (
+    "register them in __init__: self.weight = nn.Parameter(torch.ones(d_model)) and "
+    "self.bias = nn.Parameter(torch.zeros(d_model))."
+)
+
+
+def _layer_norm_input(case: LayerNormCase, seed: int) -> torch.Tensor:
+    draw = Inputs(seed)
+    offset = 3 * draw.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
+    return (draw.randn(*case.shape) + offset) * case.scale
+
+
+def _reference_layer_norm(case: LayerNormCase, seed: int) -> ref.LayerNorm:
+    eps = 1e-5 if case.eps is None else case.eps
+    return _randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed + 500))
+
+
+def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
+    d_model = case.shape[-1]
+    module = construct(name, LayerNorm, d_model) if case.eps is None else construct(name, LayerNorm, d_model, eps=case.eps)
+    for param in ("weight", "bias"):
+        value = getattr(module, param, None)
+        if not isinstance(value, nn.Parameter):
+            what = "is missing" if value is None else f"is a {type(value).__name__}, not an nn.Parameter"
+            fail(name, f"no learnable weight and bias: `self.{param}` {what}", NO_PARAMETERS_HINT)
+    return module
+
+
+def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
+    """Check a learner's ``LayerNorm(d_model, eps=1e-5)`` against the reference, values and gradients."""
+    name = "LayerNorm"
+    cases = HIDDEN_LAYER_NORM if hidden else VISIBLE_LAYER_NORM
+    seed = 4300 if hidden else 430
+    with strict_numerics():
+        count = 0
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    module = _loaded_layer_norm(name, LayerNorm, case, seed + i, device, dtype)
+                    x64 = _layer_norm_input(case, seed + i)
+                    x = x64.to(device=device, dtype=dtype)
+                    before = x.clone()
+                    out = call(name, module, x)
+                    expect_tensor(name, "the output", out, x.shape, like=x)
+                    expect_unchanged(name, {"x": (x, before)})
+                    out = out.detach()
+                    reference = _reference_layer_norm(case, seed + i)
+                    expected = reference(x64).detach()
+                    if not close(out, expected):
+                        candidates = _candidates(LAYER_NORM_MISTAKES, x64, reference)
+                        name_the_mistake(name, "the output", out, expected, candidates)
+                    count += 1
+            for dtype in DTYPES:
+                _expect_layer_norm_gradients(name, LayerNorm, cases[0], seed, device, dtype)
+        module = _loaded_layer_norm(name, LayerNorm, cases[0], seed, torch.device("cpu"), torch.float64)
+        expect_device_agnostic(name, _module_on_meta(module), (_layer_norm_input(cases[0], seed),))
+    passed(name, count)
+
+
+def _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype) -> nn.Module:
+    module = _construct_layer_norm(name, LayerNorm, case).to(torch.float64)
+    copy_weights(name, module, _reference_layer_norm(case, seed), NO_PARAMETERS_HINT)
+    return module.to(device=device, dtype=dtype)
+
+
+def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, seed: int, device, dtype) -> None:
+    """Backpropagate a random upstream gradient through the learner's and the reference LayerNorm."""
+    x64 = _layer_norm_input(case, seed)
+    upstream = Inputs(seed + 700).randn(*case.shape)
+    reference = _reference_layer_norm(case, seed)
+    x_ref = x64.clone().requires_grad_()
+    (reference(x_ref) * upstream).sum().backward()
+    expected = {"x": x_ref.grad, "weight": reference.weight.grad, "bias": reference.bias.grad}
+
+    module = _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype)
+    x = x64.to(device=device, dtype=dtype).requires_grad_()
+    out = call(name, module, x)
+    try:
+        (out * upstream.to(device=device, dtype=dtype)).sum().backward()
+    except RuntimeError as exc:
+        fail(
+            name,
+            f"the output is not connected to the autograd graph, so nothing can learn through it ({exc})",
+            "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.",
+        )
+    actual = {"x": x.grad, "weight": module.weight.grad, "bias": module.bias.grad}
+    for what, grad in actual.items():
+        if grad is None:
+            fail(
+                name,
+                f"no gradient reaches `{what}`",
+                "keep every step in torch on the tensors themselves: no .detach(), .data, .item() or NumPy.",
+            )
+        if not close(grad, expected[what]):
+            fail(
+                name,
+                f"the gradient with respect to `{what}` differs from the reference although the output is right: "
+                f"part of your computation is cut from the graph ({largest_error(grad, expected[what])})",
+                "compute the mean and variance from x itself, without .detach(), .data, .item() or torch.no_grad().",
+            )
+
+
+# -------------------------------------------------------------------------------- SublayerConnection
+
+
+@dataclass(frozen=True)
+class SublayerCase:
+    batch: int
+    length: int
+    d_model: int
+    norm_first: bool
+    sublayer: str = "ffn"  # "ffn": a reference FFN; "attention": parameter-free self-attention (a lambda)
+    dropout: float = 0.0  # > 0 to check that eval mode switches it off
+
+
+VISIBLE_SUBLAYER = [
+    SublayerCase(2, 5, 8, norm_first=False, dropout=0.2),
+    SublayerCase(2, 5, 8, norm_first=True, dropout=0.2),
+    SublayerCase(3, 4, 6, norm_first=True, sublayer="attention"),
+]
+HIDDEN_SUBLAYER = [
+    SublayerCase(3, 7, 12, norm_first=False, dropout=0.1),
+    SublayerCase(3, 7, 12, norm_first=True, dropout=0.1),
+    SublayerCase(2, 6, 10, norm_first=False, sublayer="attention"),
+    SublayerCase(4, 3, 5, norm_first=True),
+    SublayerCase(1, 9, 16, norm_first=False),
+]
+TRAIN_DROPOUT = 0.5
+NORM_HINT = "the contract names the LayerNorm self.norm = LayerNorm(d_model) (yours from above, or nn.LayerNorm)."
+
+
+def _post(x, f, norm):
+    return norm(x + f(x))
+
+
+def _pre(x, f, norm):
+    return x + f(norm(x))
+
+
+def _wiring(post: Callable, pre: Callable):
+    """A mistake that computes ``post`` when norm_first is False and ``pre`` when it is True."""
+    return lambda x, f, norm, norm_first: (pre if norm_first else post)(x, f, norm)
+
+
+def _plain_norm(norm: ref.LayerNorm) -> ref.LayerNorm:
+    return ref.LayerNorm(norm.weight.numel(), eps=norm.eps).double()
+
+
+SUBLAYER_MISTAKES = [
+    Mistake(
+        "Pre-LN written as `x = norm(x); x = x + f(x)`: the residual carries the normalised x instead of x",
+        "keep x for the residual path: return x + dropout(sublayer(self.norm(x))).",
+        lambda x, f, norm, norm_first: norm(x) + f(norm(x)) if norm_first else None,
+    ),
+    Mistake(
+        "Pre-LN and Post-LN swapped: with norm_first=False (Post-LN, the paper) the output should be "
+        "norm(x + dropout(sublayer(x))); with norm_first=True (Pre-LN), x + dropout(sublayer(norm(x)))",
+        "check which branch runs for norm_first=True and which for norm_first=False.",
+        _wiring(post=_pre, pre=_post),
+    ),
+    Mistake(
+        "the residual connection is missing: x is not added back to the sublayer's output",
+        "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
+        _wiring(post=lambda x, f, norm: norm(f(x)), pre=lambda x, f, norm: f(norm(x))),
+    ),
+    Mistake(
+        "self.norm is never applied: the output is x + sublayer(x)",
+        "Post-LN normalises the sum, norm(x + ...); Pre-LN normalises the sublayer's input, sublayer(norm(x)).",
+        lambda x, f, norm, norm_first: x + f(x),
+    ),
+    Mistake(
+        "the LayerNorm is applied to the sublayer's output, x + norm(sublayer(x)), instead of where the placement puts it",
+        "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
+        lambda x, f, norm, norm_first: x + norm(f(x)),
+    ),
+    Mistake(
+        "your forward does not use self.norm (the check puts a LayerNorm with known weights there)",
+        "normalise with self.norm, the attribute the contract names; do not keep a second LayerNorm.",
+        lambda x, f, norm, norm_first: (_pre if norm_first else _post)(x, f, _plain_norm(norm)),
+    ),
+]
+
+
+class _CountedSublayer:
+    """The sublayer the learner did not write, counting its calls."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, h):
+        self.calls += 1
+        return self.fn(h)
+
+
+def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=torch.float64) -> Callable:
+    if case.sublayer == "attention":
+        return lambda h: ref_attention.scaled_dot_product_attention(h, h, h)[0]
+    ffn = ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double()
+    ffn = _randomise(ffn, Inputs(seed + 600)).eval()
+    return ffn.to(device=device, dtype=dtype)
+
+
+def _reference_norm(case: SublayerCase, seed: int) -> ref.LayerNorm:
+    return _randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed + 500))
+
+
+def _sublayer_input(case: SublayerCase, seed: int) -> torch.Tensor:
+    return 2 * Inputs(seed).randn(case.batch, case.length, case.d_model) + 1
+
+
+def _sublayer_connection(name, SublayerConnection, case: SublayerCase, seed, device, dtype, dropout=None):
+    """The learner's module with the reference LayerNorm (random weights) swapped into ``self.norm``."""
+    p = case.dropout if dropout is None else dropout
+    module = construct(name, SublayerConnection, case.d_model, dropout=p, norm_first=case.norm_first)
+    if not isinstance(getattr(module, "norm", None), nn.Module):
+        fail(name, "has no LayerNorm module `self.norm`", NORM_HINT)
+    module.norm = _reference_norm(case, seed)
+    return module.to(device=device, dtype=dtype)
+
+
+def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
+    """Check a learner's ``SublayerConnection(d_model, dropout=0.0, norm_first=False)``, both placements."""
+    name = "SublayerConnection"
+    cases = HIDDEN_SUBLAYER if hidden else VISIBLE_SUBLAYER
+    seed = 4400 if hidden else 440
+    with strict_numerics():
+        count = 0
+        for device in devices():
+            for dtype in DTYPES:
+                for i, case in enumerate(cases):
+                    _check_sublayer_case(name, SublayerConnection, case, seed + i, device, dtype)
+                    count += 1
+            for i, case in enumerate(cases[:2]):  # one Post-LN and one Pre-LN case, in training mode
+                _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, seed + i, device)
+        module = _sublayer_connection(name, SublayerConnection, cases[0], seed, torch.device("cpu"), torch.float64)
+        sublayer = _module_on_meta(_sublayer(cases[0], seed))
+        expect_device_agnostic(name, lambda x: _module_on_meta(module)(x, sublayer), (_sublayer_input(cases[0], seed),))
+    passed(name, count)
+
+
+def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int, device, dtype) -> None:
+    module = _sublayer_connection(name, SublayerConnection, case, seed, device, dtype)
+    x64 = _sublayer_input(case, seed)
+    x = x64.to(device=device, dtype=dtype)
+    before = x.clone()
+    sublayer = _CountedSublayer(_sublayer(case, seed, device, dtype))
+    out = call(name, module, x, sublayer)
+    if sublayer.calls != 1:
+        fail(
+            name,
+            f"calls the sublayer {sublayer.calls} times in one forward pass",
+            "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
+        )
+    expect_tensor(name, "the output", out, x.shape, like=x)
+    expect_unchanged(name, {"x": (x, before)})
+    out = out.detach()
+    _expect_deterministic(name, out, lambda: module(x, sublayer).detach())
+    norm, f = _reference_norm(case, seed), _sublayer(case, seed)
+    with torch.no_grad():
+        expected = (_pre if case.norm_first else _post)(x64, f, norm)
+        if close(out, expected):
+            return
+        candidates = list(_candidates(SUBLAYER_MISTAKES, x64, f, norm, case.norm_first))
+    placement = "Pre-LN (norm_first=True)" if case.norm_first else "Post-LN (norm_first=False)"
+    name_the_mistake(name, f"the {placement} output", out, expected, candidates)
+
+
+def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: SublayerCase, seed: int, device) -> None:
+    """In training mode, with dropout 0.5: the identity path is never dropped, the sublayer's output is.
+
+    Seeded, so the verdict is the same on every run; the properties hold for any dropout mask.
+    """
+    module = _sublayer_connection(name, SublayerConnection, case, seed, device, torch.float64, TRAIN_DROPOUT).train()
+    norm = _reference_norm(case, seed).to(device)
+    x = _sublayer_input(case, seed).to(device)
+    forked = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), torch.no_grad():
+        torch.manual_seed(seed)
+        out = call(name, module, x, torch.zeros_like)
+        residual_only = norm(x) if not case.norm_first else x
+        if not close(out, residual_only):
+            fail(
+                name,
+                "dropout applied to the residual sum instead of the sublayer output: in training mode, with a "
+                f"sublayer that returns zeros, the output should be exactly {'x' if case.norm_first else 'norm(x)'} "
+                f"({largest_error(out, residual_only)})",
+                "dropout belongs on the sublayer's output only: x + dropout(sublayer(...)); the identity path "
+                "must carry x untouched.",
+            )
+        f = _sublayer(case, seed, device)
+        out = call(name, module, x, f)
+        full = x + f(norm(x)) if case.norm_first else norm(x + f(x))
+        if close(out, full):
+            fail(
+                name,
+                f"dropout is never applied in training mode: with dropout={TRAIN_DROPOUT} nothing was dropped",
+                "store nn.Dropout(dropout) in __init__ and apply it to the sublayer's output.",
+            )
+        if case.norm_first:
+            delta, scaled = out - x, f(norm(x)) / (1 - TRAIN_DROPOUT)
+            tol = 1e-9 * (1 + scaled.abs())
+            dropped_or_kept = ((delta.abs() <= tol) | ((delta - scaled).abs() <= tol)).all()
+            if not dropped_or_kept:
+                fail(
+                    name,
+                    "in training mode the output is not x + dropout(sublayer(norm(x))): each element of the "
+                    "sublayer's output should be either dropped or scaled by 1/(1 - p)",
+                    "apply dropout exactly once, to what the sublayer returns.",
+                )
