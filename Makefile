@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book test release demo clean
+.PHONY: venv book book-instructor test release demo clean
 
 venv: $(VENV)/.installed
 
@@ -20,8 +20,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 book: venv
 	$(BIN)/jupyter-book build book --path-output . --config _config.yml -W -n --keep-going
 
-## Run the whole test suite (the book is built first: its tests read the pages).
-test: book
+## The instructor edition, with the solved notebooks, in its own folder: _build/instructor/_build/html.
+book-instructor: venv
+	$(BIN)/jupyter-book build book --path-output _build/instructor --config _config.yml \
+		--toc $(abspath book/_toc_instructor.yml) -W -n --keep-going
+
+## Run the whole test suite (both editions of the book are built first: their tests read the pages).
+test: book book-instructor
 	$(BIN)/python -m pytest
 
 ## Regenerate notebooks/ (the learners' release) from solutions/ with nbgrader.
