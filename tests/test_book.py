@@ -41,3 +41,15 @@ def test_introduction_covers_history_and_the_three_axes(html):
     text = (html / "intro.html").read_text()
     for fact in ("1943", "2017", "How is similarity computed?", "How many heads?", "Which mask, and which sequences?"):
         assert fact in text
+
+
+@pytest.mark.parametrize("chapter", course.chapters(REPO))
+def test_chapter_page_has_the_course_structure(html, chapter):
+    """Goals, prerequisites and time up front; the notebook to download; hints folded; a summary and questions."""
+    text = (html / f"{chapter}.html").read_text()
+    for part in ("Learning goals", "Prerequisites", "Estimated time", "Summary", "Questions to think about"):
+        assert part in text, f"{chapter}.html lacks '{part}'"
+    assert re.search(rf'href="_downloads/[^"]+/{chapter}\.ipynb"', text), f"{chapter}.html offers no notebook download"
+    assert "sd-dropdown" in text, f"{chapter}.html has no folded hint"
+    assert re.search(r"(easy|medium|hard)\)", text), f"{chapter}.html does not state each exercise's difficulty"
+    assert 'href="glossary.html#term-' in text, f"{chapter}.html links no term to the glossary"
