@@ -1,0 +1,514 @@
+"""Checks for chapter 03_attention_variants: the two masks, and self-, causal self- and cross-attention.
+
+Besides comparing with the reference (whose weights are loaded into the learner's module), the module
+checks test what each variant promises, on the learner's own outputs:
+
+- causal self-attention: changing future tokens never changes earlier outputs;
+- with a padding mask: changing padded tokens never changes the outputs at real positions;
+- self-attention without positions is permutation-equivariant; cross-attention does not care about
+  the order of the memory;
+- a fully padded sequence gives zeros, not NaN; masks are made on the device of the inputs.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..reference import attention_variants as ref
+from .harness import (
+    DTYPES,
+    Inputs,
+    Mistake,
+    call,
+    close,
+    construct,
+    copy_weights,
+    devices,
+    expect_device_agnostic,
+    expect_tensor,
+    expect_unchanged,
+    fail,
+    largest_error,
+    passed,
+    strict_numerics,
+)
+from .multi_head_attention import draw_parameters
+
+FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
+
+
+def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> None:
+    if type(out) is not torch.Tensor:
+        fail(name, f"should return a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != torch.bool:
+        fail(
+            name,
+            f"returns a {str(out.dtype).removeprefix('torch.')} mask; the course's masks are bool, True = may attend",
+            "an additive float mask (0 and -inf) is nn.Transformer's style; build the mask from comparisons "
+            "or with dtype=torch.bool.",
+        )
+    if tuple(out.shape) != tuple(shape):
+        fail(name, f"returns a mask of shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if out.device.type != device.type:
+        fail(name, f"the mask was built on {out.device} when the inputs are on {device}", FIXED_DEVICE)
+
+
+def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, candidates, what: str) -> None:
+    """Masks are exact: compare with torch.equal, name the first mistake that matches."""
+    out = out.cpu()
+    for mistake, result in candidates:
+        if torch.equal(out, result):
+            fail(name, mistake.problem, mistake.hint)
+    wrong = (out != expected).nonzero()[0].tolist()
+    fail(name, f"{what}: wrong at index {tuple(wrong)}: got {bool(out[tuple(wrong)])}, expected {not out[tuple(wrong)]}")
+
+
+# ----------------------------------------------------------------------------------------- causal_mask
+
+VISIBLE_SIZES = [4, 1, 6]  # size 1 first would not tell two mistakes apart
+HIDDEN_SIZES = [2, 3, 7, 10]
+
+CAUSAL_MISTAKES = [
+    Mistake(
+        "the causal mask excludes the diagonal: a token cannot see itself",
+        "position i may attend to positions 0 .. i, itself included: torch.tril(..., diagonal=0).",
+        lambda size: ref.causal_mask(size).tril(-1),
+    ),
+    Mistake(
+        "the causal mask is transposed: True above the diagonal lets each token see the future, not the past",
+        "row i (the query) may attend to columns 0 .. i (the keys): the lower triangle, torch.tril.",
+        lambda size: ref.causal_mask(size).T,
+    ),
+    Mistake(
+        "mask polarity inverted: your mask is True on the future positions to block, "
+        "but in this course True = may attend",
+        "nn.Transformer and nn.MultiheadAttention mark the blocked positions; this course and "
+        "F.scaled_dot_product_attention mark the allowed ones: the lower triangle, diagonal included.",
+        lambda size: ~ref.causal_mask(size),
+    ),
+]
+
+
+def check_causal_mask(causal_mask, hidden: bool = False) -> None:
+    """Check a learner's ``causal_mask(size, device=None)``: (size, size) bool, True on and below the diagonal."""
+    name = "causal_mask"
+    sizes = HIDDEN_SIZES if hidden else VISIBLE_SIZES
+    count = 0
+    for device in devices():
+        for size in sizes:
+            out = call(name, causal_mask, size, device=device)
+            _expect_bool_mask(name, out, (size, size), device)
+            expected = ref.causal_mask(size)
+            if not torch.equal(out.cpu(), expected):
+                candidates = ((m, m.compute(size)) for m in CAUSAL_MISTAKES)
+                _name_the_mask_mistake(name, out, expected, candidates, f"causal_mask({size})")
+            count += 1
+    _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
+    meta = call(name, causal_mask, 3, device=torch.device("meta"))
+    if not isinstance(meta, torch.Tensor) or meta.device.type != "meta":
+        fail(
+            name,
+            "ignores its device argument: the mask is built on the CPU even when the inputs are on a GPU",
+            "pass device=device to the tensor you create (torch.ones(size, size, dtype=torch.bool, device=device)).",
+        )
+    passed(name, count, dtypes=(torch.bool,))
+
+
+# ---------------------------------------------------------------------------------------- padding_mask
+
+VISIBLE_LENGTHS = [((3, 1, 4), None), ((2, 5), 7), ((0, 2, 1), 3)]
+HIDDEN_LENGTHS = [((5, 2, 7, 1), None), ((1,), 4), ((3, 3), 3), ((0, 6, 2), 8), ((4, 0, 1, 2, 3), 5)]
+
+PADDING_MISTAKES = [
+    Mistake(
+        "mask polarity inverted: your mask is True on the padding, but in this course True = a real token",
+        "True means 'may attend', and only real tokens may be attended to: positions < length.",
+        lambda lengths, max_len: ~ref.padding_mask(lengths, max_len),
+    ),
+    Mistake(
+        "off by one: your mask marks lengths[b] + 1 positions of sequence b as real",
+        "positions are counted from 0, so position p is real when p < length (not <=).",
+        lambda lengths, max_len: torch.arange(max_len) <= lengths[:, None],
+    ),
+]
+
+
+def check_padding_mask(padding_mask, hidden: bool = False) -> None:
+    """Check a learner's ``padding_mask(lengths, max_len=None)``: (B, max_len) bool, True for real tokens."""
+    name = "padding_mask"
+    cases = HIDDEN_LENGTHS if hidden else VISIBLE_LENGTHS
+    count = 0
+    for device in devices():
+        for values, max_len in cases:
+            lengths = torch.tensor(values, device=device)
+            before = lengths.clone()
+            out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
+            width = max(values) if max_len is None else max_len
+            narrow = (len(values), max(values))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
+                fail(name, f"ignores max_len={max_len}: the mask is only as wide as the longest sequence")
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == (width, len(values)) != (len(values), width):
+                fail(name, f"returns (max_len, B) = {tuple(out.shape)}: the mask is transposed", "one row per sequence.")
+            _expect_bool_mask(name, out, (len(values), width), device)
+            expect_unchanged(name, {"lengths": (lengths, before)})
+            expected = ref.padding_mask(torch.tensor(values), width)
+            if not torch.equal(out.cpu(), expected):
+                candidates = ((m, m.compute(torch.tensor(values), width)) for m in PADDING_MISTAKES)
+                _name_the_mask_mistake(name, out, expected, candidates, f"padding_mask({list(values)}, {max_len})")
+            count += 1
+    values, max_len = next((v, w) for v, w in cases if w is not None)
+    _expect_mask_on_the_lengths_device(name, padding_mask, torch.tensor(values), max_len)
+    passed(name, count, dtypes=(torch.bool,))
+
+
+def _expect_mask_on_the_lengths_device(name, padding_mask, lengths, max_len) -> None:
+    """Like harness.expect_device_agnostic, but reading the lengths' values (``.tolist()``) is allowed.
+
+    On shape-only 'meta' lengths, ``.tolist()`` fails with the same "copy out of meta" error as a real
+    device clash, so here only a clash between devices, or a mask left on another device, fails.
+    """
+    try:
+        out = padding_mask(lengths.to("meta"), max_len)
+    except Exception as exc:  # the learner's code may raise anything
+        if "expected device" in str(exc):
+            fail(name, f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU ({exc})", FIXED_DEVICE)
+        return
+    if isinstance(out, torch.Tensor) and out.device.type != "meta":
+        fail(name, "returns a mask on a fixed device instead of the lengths' device", FIXED_DEVICE)
+
+
+# ----------------------------------------------------------------------------------------- the modules
+
+
+@dataclass(frozen=True)
+class VariantCase:
+    batch: int
+    m: int  # query positions (x)
+    n: int  # key positions: x's own for self-attention (n == m), the memory's for cross-attention
+    d_model: int
+    n_heads: int
+    lengths: tuple[int, ...] | None = None  # real lengths of the key side; None: no padding mask
+
+
+VISIBLE_SELF = [
+    VariantCase(2, 5, 5, 8, 2),
+    VariantCase(3, 4, 4, 12, 4, (4, 2, 3)),
+    VariantCase(2, 6, 6, 6, 1, (6, 0)),
+]
+HIDDEN_SELF = [
+    VariantCase(3, 7, 7, 16, 4),
+    VariantCase(4, 6, 6, 12, 2, (6, 3, 1, 5)),
+    VariantCase(3, 3, 3, 8, 2, (3, 1, 2)),
+    VariantCase(2, 5, 5, 9, 3, (0, 4)),
+    VariantCase(1, 8, 8, 16, 8, (5,)),
+]
+VISIBLE_CROSS = [
+    VariantCase(2, 3, 5, 8, 2),
+    VariantCase(3, 3, 6, 12, 4, (6, 2, 4)),
+    VariantCase(2, 5, 4, 6, 1, (4, 0)),
+]
+HIDDEN_CROSS = [
+    VariantCase(3, 6, 4, 16, 4),
+    VariantCase(4, 2, 7, 12, 2, (7, 3, 1, 5)),
+    VariantCase(2, 7, 3, 8, 2, (0, 3)),
+    VariantCase(3, 3, 9, 9, 3, (9, 8, 2)),
+    VariantCase(1, 4, 6, 16, 8, (4,)),
+]
+
+
+def _keys(pm):
+    return pm[:, None, None, :]  # (B, 1, 1, n)
+
+
+def _queries(pm):
+    return pm[:, None, :, None]  # (B, 1, m, 1): the mistake of masking the query axis
+
+
+def _attend(module, q_side, kv_side, mask):
+    """What ``module.attn`` gives with this mask, or None when the mask does not broadcast."""
+    try:
+        return module.attn(q_side, kv_side, mask)[0]
+    except RuntimeError:
+        return None
+
+
+def _needs_padding(compute):
+    return lambda module, x, memory, pm: None if pm is None else compute(module, x, memory, pm)
+
+
+QUERY_AXIS = (
+    "padding mask applied on the query axis instead of the key axis: padded tokens are still attended to",
+    "a padding mask hides keys: reshape the (B, n) mask to (B, 1, 1, n), not (B, 1, n, 1).",
+)
+NOT_BROADCAST = (
+    "padding mask not broadcast over heads and query positions: the (B, n) mask was used as it is",
+    "the weights are (B, h, m, n): reshape the mask to (B, 1, 1, n), e.g. padding_mask[:, None, None, :].",
+)
+IGNORED = ("the padding mask is ignored: padded tokens get weight", "pass the padding mask, as (B, 1, 1, n), to self.attn.")
+INVERTED = (
+    "mask polarity inverted: your code treats True in the padding mask as padding",
+    "True marks real tokens, which may be attended to; nn.MultiheadAttention's key_padding_mask is the opposite.",
+)
+
+
+def _causal(T, diagonal=0):
+    return torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+
+
+SELF_MISTAKES = [
+    Mistake(*QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _queries(pm)))),
+    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, pm))),
+    Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, None))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, ~_keys(pm)))),
+    Mistake(
+        "SelfAttention hides the future: the causal mask belongs to CausalSelfAttention only",
+        "in (encoder) self-attention every position may attend to every real position.",
+        lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & (True if pm is None else _keys(pm))),
+    ),
+]
+
+
+def _with_padding(causal, pm, combine=lambda c, p: c & _keys(p)):
+    return causal if pm is None else combine(causal, pm)
+
+
+CAUSAL_MODULE_MISTAKES = [
+    Mistake(
+        CAUSAL_MISTAKES[0].problem,
+        CAUSAL_MISTAKES[0].hint,
+        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(_causal(x.size(1), -1), pm)),
+    ),
+    Mistake(
+        CAUSAL_MISTAKES[1].problem,
+        CAUSAL_MISTAKES[1].hint,
+        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(_causal(x.size(1)).T, pm)),
+    ),
+    Mistake(
+        CAUSAL_MISTAKES[2].problem,
+        CAUSAL_MISTAKES[2].hint,
+        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(~_causal(x.size(1)), pm)),
+    ),
+    Mistake(
+        "the future is visible: no causal mask was applied",
+        "combine causal_mask(T, device=x.device) with the padding mask (both must allow a key: &).",
+        lambda mod, x, _, pm: _attend(mod, x, x, None if pm is None else _keys(pm)),
+    ),
+    Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1))))),
+    Mistake(
+        "the masks were combined with | (or) instead of & (and): a key hidden by either mask must stay hidden",
+        "a key may be attended to only if it is in the past AND a real token: causal & padding.",
+        _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) | _keys(pm))),
+    ),
+    Mistake(
+        *QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & _queries(pm)))
+    ),
+    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & pm))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & ~_keys(pm)))),
+]
+
+CROSS_MISTAKES = [
+    Mistake(
+        "cross-attention without the source padding mask: padded memory tokens get weight",
+        "pass memory_padding_mask, as (B, 1, 1, n), to self.attn.",
+        _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, None)),
+    ),
+    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, pm))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, ~_keys(pm)))),
+    Mistake(
+        "the memory is ignored: keys and values came from x, which makes it self-attention",
+        "x goes into the Q port and the memory into the K and V ports: self.attn(x, memory, mask).",
+        lambda mod, x, memory, pm: _attend(mod, x, x, None),
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    reference: type
+    cross: bool
+    mistakes: list
+    visible: list
+    hidden: list
+    seed: int
+
+
+SELF = Variant("SelfAttention", ref.SelfAttention, False, SELF_MISTAKES, VISIBLE_SELF, HIDDEN_SELF, 400)
+CAUSAL = Variant(
+    "CausalSelfAttention", ref.CausalSelfAttention, False, CAUSAL_MODULE_MISTAKES, VISIBLE_SELF, HIDDEN_SELF, 500
+)
+CROSS = Variant("CrossAttention", ref.CrossAttention, True, CROSS_MISTAKES, VISIBLE_CROSS, HIDDEN_CROSS, 600)
+
+HOLD_ATTN = "hold one MultiHeadAttention(d_model, n_heads) as self.attn, and no other parameters."
+
+
+def check_self_attention(SelfAttention, hidden: bool = False) -> None:
+    """Check a learner's ``SelfAttention(d_model, n_heads)``: forward(x, padding_mask=None) -> output."""
+    _check_variant(SELF, SelfAttention, hidden)
+
+
+def check_causal_self_attention(CausalSelfAttention, hidden: bool = False) -> None:
+    """Check a learner's ``CausalSelfAttention(d_model, n_heads)``: forward(x, padding_mask=None) -> output."""
+    _check_variant(CAUSAL, CausalSelfAttention, hidden)
+
+
+def check_cross_attention(CrossAttention, hidden: bool = False) -> None:
+    """Check a learner's ``CrossAttention(d_model, n_heads)``: forward(x, memory, memory_padding_mask=None)."""
+    _check_variant(CROSS, CrossAttention, hidden)
+
+
+def _inputs(variant: Variant, case: VariantCase, seed: int):
+    """Float64 CPU x (B, m, d_model), memory (B, n, d_model) or None, padding mask (B, n) or None."""
+    draw = Inputs(seed)
+    x = draw.randn(case.batch, case.m, case.d_model)
+    memory = draw.randn(case.batch, case.n, case.d_model) if variant.cross else None
+    pm = None if case.lengths is None else ref.padding_mask(torch.tensor(case.lengths), case.n)
+    return x, memory, pm
+
+
+def _forward(variant: Variant, module, x, memory, pm):
+    """Call the module as the contract says: (x, padding_mask=...) or (x, memory, memory_padding_mask=...)."""
+    args = (x, memory) if variant.cross else (x,)
+    kwargs = {} if pm is None else {("memory_padding_mask" if variant.cross else "padding_mask"): pm}
+    return call(variant.name, module, *args, **kwargs)
+
+
+def _check_variant(variant: Variant, cls, hidden: bool) -> None:
+    name = variant.name
+    cases = variant.hidden if hidden else variant.visible
+    seed = variant.seed + (1000 if hidden else 0)
+    count = 0
+    with strict_numerics(), torch.no_grad():
+        for i, case in enumerate(cases):
+            reference = draw_parameters(variant.reference(case.d_model, case.n_heads), Inputs(seed + i + 500))
+            reference = reference.double().eval()
+            learner = construct(name, cls, case.d_model, case.n_heads)
+            if not isinstance(getattr(learner, "attn", None), nn.Module):
+                fail(name, "has no attribute `attn`", HOLD_ATTN)
+            inputs64 = _inputs(variant, case, seed + i)
+            expected = _forward(variant, reference, *inputs64)
+            for device in devices():
+                for dtype in DTYPES:
+                    learner.to(dtype=dtype, device=device)
+                    copy_weights(name, learner, reference, HOLD_ATTN)
+                    _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed + i)
+                    count += 1
+        case = next(c for c in cases if c.lengths is not None)
+        meta_module = construct(name, cls, case.d_model, case.n_heads).to("meta")
+        x, memory, pm = _inputs(variant, case, seed)
+        expect_device_agnostic(name, meta_module, (x, memory, pm) if variant.cross else (x, pm))
+    passed(name, count)
+
+
+def _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed) -> None:
+    name = variant.name
+    x, memory, pm = (None if t is None else t.to(device) for t in inputs64)
+    x = x.to(dtype)
+    memory = None if memory is None else memory.to(dtype)
+    before = {"x": (x, x.clone())} | ({} if memory is None else {"memory": (memory, memory.clone())})
+    out = _call_diagnosing_masks(variant, learner, case, x, memory, pm)
+    if variant.cross and isinstance(out, torch.Tensor) and tuple(out.shape) == (case.batch, case.n, case.d_model):
+        fail(
+            name,
+            f"the output has shape {tuple(out.shape)}, one row per memory position: cross-attention with the "
+            "roles swapped (queries from the memory)",
+            "x asks and the memory answers: self.attn(x, memory, mask), x in the Q port.",
+        )
+    expect_tensor(name, "the output", out, expected.shape, like=x)
+    expect_unchanged(name, before)
+    if pm is not None and not torch.equal(pm, inputs64[2].to(device)):
+        fail(name, "modified the padding mask in place", "use ~mask or reshape it without in-place operations.")
+    if torch.isnan(out).any():
+        empty = pm is not None and not pm.any(dim=-1).all()
+        fail(
+            name,
+            "NaN for a fully padded sequence" if empty else "the output contains NaN",
+            "a query whose keys are all padding must get a zero output: use the bool mask with "
+            "MultiHeadAttention, not an additive -inf mask.",
+        )
+    if not close(out, expected):
+        for mistake in variant.mistakes:
+            result = mistake.compute(reference, *inputs64)
+            if result is not None and close(out, result):
+                fail(name, mistake.problem, mistake.hint)
+    _expect_properties(variant, learner, case, out, x, memory, pm, seed)
+    if not close(out, expected):
+        fail(name, f"the output differs from the reference: {largest_error(out, expected)}")
+
+
+def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
+    """Call the module; if it fails only when given a padding mask, say how the mask must be shaped."""
+    try:
+        return _forward(variant, learner, x, memory, pm)
+    except AssertionError:
+        if pm is None:
+            raise
+        try:
+            unmasked = _forward(variant, learner, x, memory, None)
+        except AssertionError:  # it fails even without the mask: report the original error
+            unmasked = None
+        if variant.cross and isinstance(unmasked, torch.Tensor) and unmasked.size(1) == case.n != case.m:
+            fail(
+                variant.name,
+                "cross-attention with the roles swapped (queries from the memory): it fails with a memory "
+                "padding mask and, without one, returns one row per memory position",
+                "x asks and the memory answers: self.attn(x, memory, mask), x in the Q port.",
+            )
+        if unmasked is not None:
+            fail(
+                variant.name,
+                "works without a padding mask but fails with one: the padding mask is not broadcast over heads "
+                "and query positions (or it is applied on the query axis)",
+                NOT_BROADCAST[1],
+            )
+        raise
+
+
+def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None:
+    """What each variant promises, tested on the learner's own outputs."""
+    name = variant.name
+    draw = Inputs(seed + 900)
+    noise = draw.randn(*x.shape).to(dtype=x.dtype, device=x.device)
+    if variant is CAUSAL:
+        cut = case.m // 2
+        changed = torch.cat([x[:, : cut + 1], noise[:, cut + 1 :]], dim=1)
+        if not close(_forward(variant, learner, changed, memory, pm)[:, : cut + 1], out[:, : cut + 1]):
+            fail(
+                name,
+                f"changing the tokens after position {cut} changed the outputs at positions 0 .. {cut}: "
+                "the future is visible",
+                "mask the scores with causal_mask(T, device=x.device): True on and below the diagonal.",
+            )
+    if pm is not None:
+        if variant.cross:
+            padded = torch.where(pm[..., None], memory, draw.randn(*memory.shape).to(memory))
+            changed_out, keep = _forward(variant, learner, x, padded, pm), torch.ones_like(pm[:, :1])
+        else:
+            padded = torch.where(pm[..., None], x, noise)
+            changed_out, keep = _forward(variant, learner, padded, memory, pm), pm
+        if not close(changed_out * keep[..., None], out * keep[..., None]):
+            fail(
+                name,
+                "changing padded tokens changed the outputs at real positions: padded keys still get weight",
+                "the padding mask must hide keys: pass it to self.attn as (B, 1, 1, n).",
+            )
+    order = torch.randperm(case.n, generator=draw.generator).to(x.device)
+    permuted_pm = None if pm is None else pm[:, order]
+    if variant is SELF:
+        permuted = _forward(variant, learner, x[:, order], memory, permuted_pm)
+        if not close(permuted, out[:, order]):
+            fail(
+                name,
+                "permuting the input positions did not permute the outputs the same way: without positional "
+                "information, self-attention must be permutation-equivariant",
+                "every position attends to every real position with the same weights whatever the order; "
+                "do not use a causal mask or positions here.",
+            )
+    if variant.cross and not close(_forward(variant, learner, x, memory[:, order], permuted_pm), out):
+        fail(
+            name,
+            "reordering the memory (with its padding mask) changed the output: cross-attention must not depend "
+            "on the order of the memory",
+            "the memory goes into the K and V ports only: self.attn(x, memory, mask).",
+        )
