@@ -7,6 +7,7 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
 c.CourseDirectory.db_assignments = [
     dict(name="01_attention"),
+    dict(name="04_ffn_layernorm_residual"),
 ]
 
 # Learners' stubs: what replaces the code between BEGIN/END SOLUTION.
