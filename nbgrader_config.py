@@ -1,5 +1,8 @@
 """nbgrader configuration for the course: instructor notebooks in solutions/, the release in notebooks/."""
 
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
 c = get_config()  # noqa: F821 (injected by nbgrader)
 
 c.CourseDirectory.course_id = "attention-step-by-step"
@@ -7,6 +10,8 @@ c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
 c.CourseDirectory.db_assignments = [
     dict(name="01_attention"),
+    dict(name="02_multi_head_attention"),
+    dict(name="03_attention_variants"),
     dict(name="04_ffn_layernorm_residual"),
 ]
 
@@ -15,3 +20,12 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 
 # A hanging submission must not stall a class: give each cell a bounded time.
 c.ExecutePreprocessor.timeout = 120
+
+# Feedback shows each check's message but never the hidden tests' code.
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+
+# Submissions whose graded cells were deleted get them back from the release.
+c.OverwriteCells.add_missing_cells = True
+
+# Learners' LMS downloads (`nbgrader zip_collect`): files named <student id>_<chapter>.ipynb.
+c.FileNameCollectorPlugin.named_regexp = r"^(?P<student_id>[^/]+?)_(?P<file_id>\d\d_[a-z_]+\.ipynb)$"

@@ -1,0 +1,125 @@
+"""``python -m autograde_tests.grading`` (``make grade``): grade a class with nbgrader, hardened.
+
+Reads submissions from submitted/<student>/<chapter>/ (or, with --zip-collect, from an LMS download
+in downloaded/<chapter>/archive/ through ``nbgrader zip_collect``), grades every pair in isolation and
+in parallel, and writes the gradebook, autograded/, feedback/, grades.csv and reports/class_report.md.
+"""
+
+import argparse
+import os
+import pwd
+import subprocess
+import sys
+from pathlib import Path
+
+from nbgrader.api import Gradebook
+
+from .. import course as nbcourse
+from . import batch, report
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line that says what is wrong; nothing has been changed yet."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse(argv=None) -> batch.Settings:
+    parser = _Parser(prog="python -m autograde_tests.grading", description=__doc__.splitlines()[0])
+    parser.add_argument("--course", type=Path, default=Path.cwd(), help="the course folder (default: here)")
+    parser.add_argument("--chapter", action="append", help="a chapter to grade (repeatable; default: all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="submissions graded at once (default: cores)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds for one submission (default: 600)")
+    parser.add_argument("--cell-timeout", type=int, default=120, help="seconds for one cell (default: 120)")
+    parser.add_argument("--memory", type=float, default=4.0, help="GiB of memory for one kernel (default: 4)")
+    parser.add_argument("--output", type=int, default=1_000_000, help="characters a kernel may print (default: 1e6)")
+    parser.add_argument("--force", action="store_true", help="regrade submissions that have not changed")
+    parser.add_argument("--zip-collect", action="store_true", help="first run nbgrader zip_collect for each chapter")
+    parser.add_argument("--sandbox-user", default="nobody", help="user kernels run as when grading as root")
+    args = parser.parse_args(argv)
+
+    course = args.course.resolve()
+    if not (course / "nbgrader_config.py").is_file():
+        parser.error(f"{course}: not a course folder (no nbgrader_config.py)")
+    known = nbcourse.chapters(course)
+    unknown = [c for c in args.chapter or [] if c not in known]
+    if unknown:
+        parser.error(f"unknown chapter {unknown[0]!r} (chapters: {', '.join(known)})")
+    if args.jobs < 1 or args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0:
+        parser.error("--jobs, --timeout, --cell-timeout and --memory must be positive")
+    released = _released(parser, course, known)
+    for chapter in args.chapter or []:
+        if chapter not in released:
+            parser.error(f"chapter {chapter!r} is not in the gradebook; run `make release` first")
+    chapters = args.chapter or released
+    if args.zip_collect:
+        _zip_collect(parser, course, chapters)
+    if not (course / "submitted").is_dir():
+        parser.error(f"{course}: no submitted/ folder (collect submissions first, or use --zip-collect)")
+    if not batch.find_pairs(course, chapters):
+        parser.error(f"no submissions for {', '.join(chapters)} in {course / 'submitted'}")
+    user = None
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam(args.sandbox_user).pw_name
+        except KeyError:
+            parser.error(f"--sandbox-user {args.sandbox_user!r} does not exist on this machine")
+        user = _usable_sandbox_user(user)
+    return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout,
+                          int(args.memory * 2**30), args.output, args.force, user)
+
+
+def _usable_sandbox_user(user: str) -> str | None:
+    """``user`` if it can run this Python and the course package; else warn that kernels run as root."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import torch, autograde_tests"], user=user, cwd="/",
+                               capture_output=True, text=True, timeout=120)
+        if probe.returncode == 0:
+            return user
+        why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
+    except OSError as exc:
+        why = str(exc)
+    print(f"warning: kernels will run as root, unconfined by the operating system: {user!r} cannot run "
+          f"{sys.executable} ({why}). See the instructor guide's supported set-up.", file=sys.stderr)
+    return None
+
+
+def _released(parser, course: Path, chapters: list[str]) -> list[str]:
+    """The chapters the course's gradebook knows (``make release`` records them)."""
+    if not (course / "gradebook.db").is_file():
+        parser.error(f"{course}: no gradebook.db; run `make release` (nbgrader generate_assignment) first")
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        names = {a.name for a in gradebook.assignments}
+    return [c for c in chapters if c in names]
+
+
+def _zip_collect(parser, course: Path, chapters: list[str]) -> None:
+    for chapter in chapters:
+        if not (course / "downloaded" / chapter / "archive").is_dir():
+            continue
+        done = subprocess.run([sys.executable, "-m", "nbgrader", "zip_collect", chapter, "--force"],
+                              cwd=course, capture_output=True, text=True)
+        if done.returncode:
+            parser.error(f"nbgrader zip_collect {chapter} failed: {done.stderr.strip().splitlines()[-1:]}")
+
+
+def main(argv=None) -> None:
+    settings = parse(argv)
+    outcomes = batch.grade_class(settings)
+    graded = [(o.student, o.chapter) for o in outcomes if o.status == "graded"]
+    report.write_feedback(settings.course, graded)
+    csv = report.export_grades(settings.course)
+    state = batch.load_state(settings.course)
+    summary = report.write_report(settings.course, state, settings.user)
+    for o in outcomes:
+        if o.status == "needs-attention":
+            print(f"needs attention  {o.student} / {o.chapter}: {o.reason}")
+        else:
+            print(f"{o.status:<16} {o.student} / {o.chapter}: {o.score:g} / {o.max_score:g}")
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("graded", "unchanged", "needs-attention")}
+    print(f"\n{counts['graded']} graded, {counts['unchanged']} unchanged, {counts['needs-attention']} need attention")
+    print(f"grades: {csv}\nreport: {summary}\nfeedback: {settings.course / 'feedback'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""After a batch: feedback for each graded student, the grades CSV, and the class report."""
+
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+from nbgrader.api import Gradebook  # noqa: E402
+from nbgrader.plugins.export import CsvExportPlugin  # noqa: E402
+
+from .. import course as nbcourse  # noqa: E402
+
+
+def write_feedback(course: Path, graded: list[tuple[str, str]]) -> None:
+    """nbgrader's own feedback (hidden test code left out by nbgrader_config.py), one student at a time."""
+    api = nbcourse.api(course)
+    for student, chapter in graded:
+        nbcourse.run(api.generate_feedback(chapter, student, force=True))
+
+
+def export_grades(course: Path) -> Path:
+    path = course / "grades.csv"
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        CsvExportPlugin(to=str(path)).export(gradebook)
+    return path
+
+
+def write_report(course: Path, state: dict, kernel_user: str | None) -> Path:
+    """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes."""
+    folder = course / "reports"
+    folder.mkdir(exist_ok=True)
+    latest = {f"{o['student']}/{o['chapter']}": o for o in state.values()}
+    scores, failures, attempts, mistakes = defaultdict(list), Counter(), Counter(), Counter()
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for assignment in gradebook.assignments:
+            for submission in assignment.submissions:
+                scores[assignment.name].append(submission.score / assignment.max_score * 100)
+                for notebook in submission.notebooks:
+                    for grade in notebook.grades:
+                        attempts[(assignment.name, grade.name)] += 1
+                        failures[(assignment.name, grade.name)] += grade.score < grade.max_score
+    for entry in latest.values():
+        mistakes.update(m for m in entry.get("messages", []) if m)
+
+    confinement = (f"Kernels ran as the unprivileged user `{kernel_user}`." if kernel_user else
+                   "Kernels ran with the grader's own rights: only the code filter confined them.")
+    lines = ["# Class report", "", confinement, "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
+             "| --- | --- | --- | --- | --- |"]
+    for chapter, values in sorted(scores.items()):
+        ordered = sorted(values)
+        lines.append(f"| {chapter} | {len(values)} | {sum(values) / len(values):.0f}% | "
+                     f"{ordered[len(ordered) // 2]:.0f}% | {sum(v >= 100 for v in values)} |")
+    lines += ["", "![Score distribution per chapter](scores.png)", "", "## Failure rate per test", "",
+              "| chapter | test | failed |", "| --- | --- | --- |"]
+    for (chapter, test), total in sorted(attempts.items()):
+        lines.append(f"| {chapter} | {test} | {failures[(chapter, test)]} / {total} |")
+    lines += ["", "![Failure rate per test](failures.png)", "", "## Most frequent diagnosed mistakes", ""]
+    lines += [f"{n}. {message} ({count}×)" for n, (message, count) in enumerate(mistakes.most_common(10), 1)]
+    if not mistakes:
+        lines.append("None.")
+    attention = [e for e in latest.values() if e["status"] == "needs-attention"]
+    lines += ["", "## Needs attention", ""]
+    lines += [f"- {e['student']} / {e['chapter']}: {e['reason']}" for e in sorted(attention, key=lambda e: (e["chapter"], e["student"]))]
+    if not attention:
+        lines.append("None.")
+    noted = [e for e in latest.values() if e.get("notes")]
+    if noted:
+        lines += ["", "## Repairs made before grading", ""]
+        lines += [f"- {e['student']} / {e['chapter']}: {'; '.join(e['notes'])}" for e in noted]
+    _plot_scores(scores, folder / "scores.png")
+    _plot_failures(attempts, failures, folder / "failures.png")
+    path = folder / "class_report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _plot_scores(scores, path: Path) -> None:
+    chapters = sorted(scores) or ["(none)"]
+    fig, axes = plt.subplots(1, len(chapters), figsize=(3.2 * len(chapters), 2.8), squeeze=False)
+    for ax, chapter in zip(axes[0], chapters):
+        ax.hist(scores.get(chapter, []), bins=[0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100.01], color="#4c72b0")
+        ax.set(title=chapter, xlabel="score (%)", ylabel="students")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_failures(attempts, failures, path: Path) -> None:
+    keys = sorted(attempts)
+    fig, ax = plt.subplots(figsize=(7, 0.35 * len(keys) + 1))
+    ax.barh([f"{c} · {t}" for c, t in keys], [100 * failures[k] / attempts[k] for k in keys], color="#c44e52")
+    ax.set(xlabel="failed (%)", xlim=(0, 100))
+    ax.invert_yaxis()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

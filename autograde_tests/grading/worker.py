@@ -1,0 +1,89 @@
+"""Grade one (student, chapter) pair with nbgrader, in a scratch course of its own.
+
+Run by the batch as ``python -m autograde_tests.grading.worker JOB_DIR``, in a process group of its
+own that the batch kills whole at the time limit. ``JOB_DIR/job.json`` says what to grade; the
+answer is written to ``JOB_DIR/result.json``. The scratch course holds a copy of the course's
+configuration and gradebook template, and the rebuilt submission; nothing here touches the real course.
+"""
+
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+
+PR_SET_CHILD_SUBREAPER = 36
+MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "not enough memory")
+
+
+def main(job_dir: Path) -> None:
+    job = json.loads((job_dir / "job.json").read_text())
+    # Orphaned grandchildren (a kernel's own children) stay ours, so the batch can find and kill them.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _write_kernel_spec(job_dir, job)
+    result = grade(job_dir / "course", job["student"], job["chapter"], job["cell_timeout"])
+    (job_dir / "result.json").write_text(json.dumps(result))
+
+
+def _write_kernel_spec(job_dir: Path, job: dict) -> None:
+    """Make the kernel name ``python3`` mean the sandboxed kernel, for this worker only (JUPYTER_PATH)."""
+    argv = [sys.executable, "-m", "autograde_tests.grading.sandbox_kernel",
+            "--workdir", job["sandbox"], "--memory-bytes", str(job["memory_bytes"]),
+            "--output-chars", str(job["output_chars"]), "-f", "{connection_file}"]
+    if job.get("user"):
+        argv[-2:-2] = ["--user", job["user"]]
+    spec = job_dir / "jupyter" / "kernels" / "python3" / "kernel.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps({"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python"}))
+
+
+def grade(course: Path, student: str, chapter: str, cell_timeout: int) -> dict:
+    from nbgrader.api import Gradebook
+    from nbgrader.apps import NbGraderAPI
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    config.CourseDirectory.root = str(course)
+    config.Execute.timeout = cell_timeout
+    api = NbGraderAPI(config=config)
+    outcome = api.autograde(chapter, student, force=True, create=True)
+    if not outcome["success"]:
+        return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
+    autograded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
+    errors = _graded_errors(nbformat.read(autograded, as_version=4))
+    if any(marker in error for error in errors for marker in MEMORY_ERRORS):
+        return {"status": "needs-attention", "reason": "memory limit exceeded"}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        notebook = gradebook.find_submission_notebook(chapter, chapter, student)
+        scores = {g.name: g.score for g in notebook.grades}
+        max_scores = {g.name: g.max_score for g in notebook.grades}
+    return {"status": "graded", "scores": scores, "max_scores": max_scores, "messages": errors,
+            "autograded": str(autograded)}
+
+
+def _graded_errors(notebook) -> list[str]:
+    """The first line of each error in a graded cell: the check's diagnosis, for the class report."""
+    messages = []
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("grade"):
+            for output in cell.get("outputs", []):
+                if output.output_type == "error":
+                    first = (output.evalue or "").splitlines()[0] if output.evalue else ""
+                    messages.append(f"{output.ename}: {first}".strip())
+    return messages
+
+
+def _failure_reason(error: str) -> str:
+    if "DeadKernelError" in error or "Kernel died" in error or "kernel died" in error:
+        return "the kernel died (a crash, os._exit or a memory limit)"
+    if "CellTimeoutError" in error or "TimeoutError" in error:
+        return "a cell did not finish within the time limit"
+    if "CellExecutionError" in error:
+        return "a cell could not be executed"
+    last = [line for line in error.strip().splitlines() if line.strip()]
+    return f"nbgrader could not grade it: {last[-1] if last else 'unknown error'}"
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
