@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor test release demo clean
+.PHONY: venv book book-instructor test release grade demo clean
 
 venv: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ test: book book-instructor
 ## Regenerate notebooks/ (the learners' release) from solutions/ with nbgrader.
 release: venv
 	for a in $(CHAPTERS); do $(BIN)/nbgrader generate_assignment "$$a" --force || exit 1; done
+
+## Grade a class: submitted/<student>/<chapter>/ -> gradebook, autograded/, feedback/, grades.csv, reports/.
+## Options go in ARGS, e.g. make grade ARGS="--jobs 4 --chapter 01_attention".
+grade: venv
+	$(BIN)/python -m autograde_tests.grading $(ARGS)
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv

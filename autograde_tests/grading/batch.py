@@ -98,7 +98,7 @@ def grade_class(settings: Settings) -> list[Outcome]:
         outcome, job_dir = _prepare(pair, settings, template, work, sandbox_root, state)
         (outcomes.append(outcome) if outcome else jobs.append((pair, job_dir)))
     with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-        running = {pool.submit(_run_worker, job_dir, settings.timeout): (pair, job_dir) for pair, job_dir in jobs}
+        running = {pool.submit(run_worker, job_dir, settings.timeout): (pair, job_dir) for pair, job_dir in jobs}
         for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
             pair, job_dir = running[done]
             outcomes.append(_merge(course, pair, job_dir, done.result()))
@@ -147,25 +147,30 @@ def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, sandbox
     if violations:
         shown = "; ".join(str(v) for v in violations[:3]) + (" ..." if len(violations) > 3 else "")
         return attention(f"tampering detected: {shown}", notes=notes, digest=digest)
+    job = {"student": pair.student, "chapter": pair.chapter, "notes": notes, "digest": digest}
+    return None, write_job(rebuilt.notebook, job, settings, template, work / "jobs", sandbox_root)
 
-    job_dir = work / "jobs" / pair.student / pair.chapter
+
+def write_job(notebook, job: dict, settings: Settings, template: Path, jobs: Path, sandbox_root: Path) -> Path:
+    """A worker's folder: a scratch course from ``template`` with ``notebook`` submitted, and job.json."""
+    student, chapter = job["student"], job["chapter"]
+    job_dir = jobs / student / chapter
     shutil.rmtree(job_dir, ignore_errors=True)
     (job_dir / "course").mkdir(parents=True)
     for name in ("nbgrader_config.py", "gradebook.db"):
         shutil.copy2(template / name, job_dir / "course" / name)
-    shutil.copytree(template / "solutions" / pair.chapter, job_dir / "course" / "solutions" / pair.chapter)
-    target = job_dir / "course" / "submitted" / pair.student / pair.chapter / f"{pair.chapter}.ipynb"
+    shutil.copytree(template / "solutions" / chapter, job_dir / "course" / "solutions" / chapter)
+    target = job_dir / "course" / "submitted" / student / chapter / f"{chapter}.ipynb"
     target.parent.mkdir(parents=True)
-    nbformat.write(rebuilt.notebook, target)
-    job = {"student": pair.student, "chapter": pair.chapter, "cell_timeout": settings.cell_timeout,
-           "memory_bytes": settings.memory_bytes, "output_chars": settings.output_chars,
-           "user": settings.user, "sandbox": str(sandbox_root / f"{pair.student}-{pair.chapter}"),
-           "notes": notes, "digest": digest}
+    nbformat.write(notebook, target)
+    job |= {"cell_timeout": settings.cell_timeout, "memory_bytes": settings.memory_bytes,
+            "output_chars": settings.output_chars, "user": settings.user,
+            "sandbox": str(sandbox_root / f"{student}-{chapter}")}
     (job_dir / "job.json").write_text(json.dumps(job))
-    return None, job_dir
+    return job_dir
 
 
-def _run_worker(job_dir: Path, timeout: int) -> dict:
+def run_worker(job_dir: Path, timeout: int) -> dict:
     env = os.environ | {
         "JUPYTER_PATH": str(job_dir / "jupyter"),
         "JUPYTER_CONFIG_DIR": str(job_dir / "config"),
