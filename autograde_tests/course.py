@@ -20,6 +20,8 @@ SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE
 # One typical mistake per chapter for the demo: (solution cell, correct code, the mistaken code).
 TYPICAL_MISTAKES = {
     "01_attention": ("scaled_dot_product_attention", " / math.sqrt(d_k)", ""),
+    "02_multi_head_attention": ("MultiHeadAttention", ", bias=bias)", ")"),
+    "03_attention_variants": ("CausalSelfAttention", ", device=x.device", ""),
     "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
 }
 
