@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 HTML = REPO / "_build" / "html"
 # Figures each chapter's page must show, all made by executed code.
 FIGURES = {"01_attention": 3}
+FIGURES.update({"02_multi_head_attention": 3, "03_attention_variants": 3})
 FIGURES["04_ffn_layernorm_residual"] = 5
 
 
