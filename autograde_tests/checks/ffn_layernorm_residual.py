@@ -50,7 +50,7 @@ def _randomise(module: nn.Module, draw: Inputs) -> nn.Module:
             noise = draw.randn(*p.shape).to(p.dtype)
             if p.dim() >= 2:
                 p.copy_(noise / math.sqrt(p[0].numel()))
-            elif name.endswith("norm.weight") or (name == "weight" and isinstance(module, ref.LayerNorm)):
+            elif name == "weight" and isinstance(module, ref.LayerNorm):
                 p.copy_(1 + 0.5 * noise)
             else:
                 p.copy_(0.5 * noise)
