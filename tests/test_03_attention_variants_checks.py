@@ -81,7 +81,7 @@ def causal_on_the_cpu(size, device=None):
         (causal_transposed, r"causal mask is transposed"),
         (causal_blocked_is_true, r"mask polarity inverted"),
         (causal_additive, r"returns a float32 mask; the course's masks are bool"),
-        (causal_on_the_cpu, r"built on the CPU even when the inputs are on a GPU"),
+        (causal_on_the_cpu, r"makes a tensor on a fixed device, which breaks when the inputs are on a GPU"),
     ],
 )
 def test_causal_mask_check_names_the_mistake(fn, message):

@@ -35,7 +35,18 @@ from .harness import (
 )
 from .multi_head_attention import draw_parameters
 
+ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inputs are on a GPU"
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
+
+
+def _call(name: str, fn, *args, **kwargs):
+    """``harness.call``, naming the mistake when the error is a clash between devices."""
+    try:
+        return call(name, fn, *args, **kwargs)
+    except AssertionError as error:
+        if "same device" in str(error) or "expected device" in str(error):
+            fail(name, f"{ON_A_FIXED_DEVICE}: {str(error).removeprefix(f'{name}: ')}", FIXED_DEVICE)
+        raise
 
 
 def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> None:
@@ -51,7 +62,7 @@ def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> Non
     if tuple(out.shape) != tuple(shape):
         fail(name, f"returns a mask of shape {tuple(out.shape)}, expected {tuple(shape)}")
     if out.device.type != device.type:
-        fail(name, f"the mask was built on {out.device} when the inputs are on {device}", FIXED_DEVICE)
+        fail(name, f"{ON_A_FIXED_DEVICE}: the mask is on {out.device.type}, expected {device.type}", FIXED_DEVICE)
 
 
 def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, candidates, what: str) -> None:
@@ -97,21 +108,17 @@ def check_causal_mask(causal_mask, hidden: bool = False) -> None:
     count = 0
     for device in devices():
         for size in sizes:
-            out = call(name, causal_mask, size, device=device)
+            out = _call(name, causal_mask, size, device=device)
             _expect_bool_mask(name, out, (size, size), device)
             expected = ref.causal_mask(size)
             if not torch.equal(out.cpu(), expected):
                 candidates = ((m, m.compute(size)) for m in CAUSAL_MISTAKES)
                 _name_the_mask_mistake(name, out, expected, candidates, f"causal_mask({size})")
             count += 1
-    _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
-    meta = call(name, causal_mask, 3, device=torch.device("meta"))
+    _expect_bool_mask(name, _call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
+    meta = _call(name, causal_mask, 3, device=torch.device("meta"))
     if not isinstance(meta, torch.Tensor) or meta.device.type != "meta":
-        fail(
-            name,
-            "ignores its device argument: the mask is built on the CPU even when the inputs are on a GPU",
-            "pass device=device to the tensor you create (torch.ones(size, size, dtype=torch.bool, device=device)).",
-        )
+        fail(name, f"ignores its device argument: it {ON_A_FIXED_DEVICE}", "pass device=device to the tensor you create.")
     passed(name, count, dtypes=(torch.bool,))
 
 
@@ -143,7 +150,7 @@ def check_padding_mask(padding_mask, hidden: bool = False) -> None:
         for values, max_len in cases:
             lengths = torch.tensor(values, device=device)
             before = lengths.clone()
-            out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
+            out = _call(name, padding_mask, lengths) if max_len is None else _call(name, padding_mask, lengths, max_len)
             width = max(values) if max_len is None else max_len
             narrow = (len(values), max(values))
             if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
@@ -172,10 +179,10 @@ def _expect_mask_on_the_lengths_device(name, padding_mask, lengths, max_len) -> 
         out = padding_mask(lengths.to("meta"), max_len)
     except Exception as exc:  # the learner's code may raise anything
         if "expected device" in str(exc):
-            fail(name, f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU ({exc})", FIXED_DEVICE)
+            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})", FIXED_DEVICE)
         return
     if isinstance(out, torch.Tensor) and out.device.type != "meta":
-        fail(name, "returns a mask on a fixed device instead of the lengths' device", FIXED_DEVICE)
+        fail(name, f"{ON_A_FIXED_DEVICE}: the mask is not on the lengths' device", FIXED_DEVICE)
 
 
 # ----------------------------------------------------------------------------------------- the modules
@@ -371,7 +378,7 @@ def _forward(variant: Variant, module, x, memory, pm):
     """Call the module as the contract says: (x, padding_mask=...) or (x, memory, memory_padding_mask=...)."""
     args = (x, memory) if variant.cross else (x,)
     kwargs = {} if pm is None else {("memory_padding_mask" if variant.cross else "padding_mask"): pm}
-    return call(variant.name, module, *args, **kwargs)
+    return _call(variant.name, module, *args, **kwargs)
 
 
 def _check_variant(variant: Variant, cls, hidden: bool) -> None:
@@ -441,8 +448,8 @@ def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
     """Call the module; if it fails only when given a padding mask, say how the mask must be shaped."""
     try:
         return _forward(variant, learner, x, memory, pm)
-    except AssertionError:
-        if pm is None:
+    except AssertionError as error:
+        if pm is None or ON_A_FIXED_DEVICE in str(error):
             raise
         try:
             unmasked = _forward(variant, learner, x, memory, None)
