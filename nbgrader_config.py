@@ -3,6 +3,8 @@
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
+from autograde_tests.grading.feedback import ShortTracebacks
+
 c = get_config()  # noqa: F821 (injected by nbgrader)
 
 c.CourseDirectory.course_id = "attention-step-by-step"
@@ -21,8 +23,8 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 # A hanging submission must not stall a class: give each cell a bounded time.
 c.ExecutePreprocessor.timeout = 120
 
-# Feedback shows each check's message but never the hidden tests' code.
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+# Feedback shows each check's message but never the hidden tests' code, in the source or a traceback.
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, ShortTracebacks, CSSHTMLHeaderPreprocessor]
 
 # Submissions whose graded cells were deleted get them back from the release.
 c.OverwriteCells.add_missing_cells = True

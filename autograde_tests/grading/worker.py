@@ -51,8 +51,9 @@ def grade(course: Path, student: str, chapter: str, cell_timeout: int) -> dict:
     if not outcome["success"]:
         return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
     autograded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
-    errors = _graded_errors(nbformat.read(autograded, as_version=4))
-    if any(marker in error for error in errors for marker in MEMORY_ERRORS):
+    notebook = nbformat.read(autograded, as_version=4)
+    errors = _errors(notebook, graded_only=True)
+    if any(marker in error for error in _errors(notebook, graded_only=False) for marker in MEMORY_ERRORS):
         return {"status": "needs-attention", "reason": "memory limit exceeded"}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
         notebook = gradebook.find_submission_notebook(chapter, chapter, student)
@@ -62,11 +63,11 @@ def grade(course: Path, student: str, chapter: str, cell_timeout: int) -> dict:
             "autograded": str(autograded)}
 
 
-def _graded_errors(notebook) -> list[str]:
-    """The first line of each error in a graded cell: the check's diagnosis, for the class report."""
+def _errors(notebook, graded_only: bool) -> list[str]:
+    """The first line of each error (in graded cells: the check's diagnosis, for the class report)."""
     messages = []
     for cell in notebook.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade"):
+        if cell.cell_type == "code" and (cell.metadata.get("nbgrader", {}).get("grade") or not graded_only):
             for output in cell.get("outputs", []):
                 if output.output_type == "error":
                     first = (output.evalue or "").splitlines()[0] if output.evalue else ""

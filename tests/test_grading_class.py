@@ -1,0 +1,176 @@
+"""`python -m autograde_tests.grading` on a scratch class: every adversarial submission gets its outcome,
+every correct one full marks, and the batch never stops; then re-runs, a failed regrade, bad arguments."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from autograde_tests import course
+
+from .adversarial import CASES, CHAPTER, solved
+
+REPO = Path(__file__).resolve().parents[1]
+LIMITS = ["--jobs", "2", "--timeout", "120", "--cell-timeout", "10", "--memory", "3", "--output", "200000"]
+
+
+def grade(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS, *args],
+                          capture_output=True, text=True)
+
+
+def outcomes(root: Path) -> dict:
+    return json.loads((root / ".grading" / "state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    for chapter in course.chapters(root):
+        course.release(root, chapter)
+    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    for case in CASES:
+        folder = root / "submitted" / case.student / CHAPTER
+        folder.mkdir(parents=True)
+        made = case.make(nbformat.from_dict(release))
+        data = made if isinstance(made, bytes) else nbformat.writes(made).encode()
+        (folder / case.file_name).write_bytes(data)
+        for name in case.extra_files:
+            (folder / name).write_text("raise SystemExit('a submitted file shadowed torch')\n")
+    for chapter in course.chapters(root):
+        if chapter != CHAPTER:
+            course.submit(root, "correct", chapter, course.solved(root, chapter))
+    run = grade(root)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root, run
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.student)
+def test_adversarial_submission_gets_its_outcome(graded, case):
+    root, _ = graded
+    outcome = outcomes(root)[f"{case.student}/{CHAPTER}"]
+    if isinstance(case.expected, int):
+        assert outcome["status"] == "graded", outcome
+        assert outcome["score"] == case.expected, outcome
+    else:
+        assert outcome["status"] == "needs-attention", outcome
+        assert outcome["reason"].startswith(case.expected), outcome
+
+
+def test_at_least_25_adversarial_submissions():
+    assert len(CASES) >= 25
+
+
+def test_every_correct_submission_of_every_chapter_gets_full_marks(graded):
+    root, _ = graded
+    for chapter in course.chapters(root):
+        outcome = outcomes(root)[f"correct/{chapter}"]
+        assert outcome["status"] == "graded" and outcome["score"] == outcome["max_score"] > 0, outcome
+
+
+def test_repairs_are_noted(graded):
+    root, _ = graded
+    assert any("restored" in note for note in outcomes(root)[f"deleted_test_cell/{CHAPTER}"]["notes"])
+    assert any("torch.py" in note for note in outcomes(root)[f"extra_torch_py_beside_it/{CHAPTER}"]["notes"])
+
+
+def test_gradebook_and_csv_hold_the_scores(graded):
+    root, _ = graded
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_submission(CHAPTER, "correct").score == 6
+        assert gradebook.find_submission(CHAPTER, "modifies_inputs_in_place").score == 2
+    rows = list(csv.DictReader((root / "grades.csv").open()))
+    assert {"correct", "hard_coded_to_visible_example"} <= {r["student_id"] for r in rows}
+
+
+def test_feedback_shows_messages_but_not_hidden_tests(graded):
+    root, _ = graded
+    html = (root / "feedback" / "hard_coded_to_visible_example" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert "differs from the reference" in html
+    assert "hidden=True" not in html and "BEGIN HIDDEN TESTS" not in html
+
+
+def test_class_report_has_plots_failure_rates_and_mistakes(graded):
+    root, _ = graded
+    report = (root / "reports" / "class_report.md").read_text()
+    assert (root / "reports" / "scores.png").is_file() and (root / "reports" / "failures.png").is_file()
+    assert "test_scaled_dot_product_attention" in report
+    assert "Most frequent diagnosed mistakes" in report and "is not written yet" in report
+    assert "tampering detected" in report
+
+
+def test_rerun_grades_only_what_changed(graded):
+    root, _ = graded
+    notebook = root / "submitted" / "modifies_inputs_in_place" / CHAPTER / f"{CHAPTER}.ipynb"
+    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    nbformat.write(solved(release), notebook)
+    run = grade(root, "--chapter", CHAPTER)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "1 graded" in run.stdout
+    assert outcomes(root)[f"modifies_inputs_in_place/{CHAPTER}"]["score"] == 6
+
+
+def test_a_failed_regrade_keeps_the_earlier_grade(graded):
+    root, _ = graded
+    notebook = root / "submitted" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
+    autograded = root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
+    before = autograded.read_bytes()
+    notebook.write_text("{ broken")
+    run = grade(root, "--chapter", CHAPTER)
+    assert run.returncode == 0 and "needs attention  correct / 01_attention: unreadable notebook" in run.stdout
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_submission(CHAPTER, "correct").score == 6
+    assert autograded.read_bytes() == before
+
+
+def test_an_lms_zip_is_collected_and_graded(graded):
+    root, _ = graded
+    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    archive = root / "downloaded" / CHAPTER / "archive"
+    archive.mkdir(parents=True)
+    with zipfile.ZipFile(archive / "lms_download.zip", "w") as bundle:
+        bundle.writestr(f"zoe_{CHAPTER}.ipynb", nbformat.writes(solved(release)))
+    run = grade(root, "--chapter", CHAPTER, "--zip-collect")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert outcomes(root)[f"zoe/{CHAPTER}"]["score"] == 6
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--chapter", "99_nothing"], "unknown chapter '99_nothing'"),
+        (["--jobs", "0"], "must be positive"),
+    ],
+)
+def test_bad_arguments_get_one_line_and_change_nothing(graded, args, message):
+    root, _ = graded
+    state = (root / ".grading" / "state.json").read_bytes()
+    run = grade(root, *args)
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert (root / ".grading" / "state.json").read_bytes() == state
+
+
+def test_a_folder_that_is_not_a_course_is_refused(tmp_path):
+    run = grade(tmp_path)
+    assert run.returncode == 2 and "not a course folder" in run.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_course_without_submissions_is_refused(tmp_path):
+    root = course.scratch_course(REPO, tmp_path / "course")
+    course.release(root, CHAPTER)
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    run = grade(root)
+    assert run.returncode == 2 and "no submitted/ folder" in run.stderr
+    (root / "submitted").mkdir()
+    run = grade(root)
+    assert run.returncode == 2 and "no submissions for" in run.stderr
+    shutil.rmtree(root / "submitted")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
