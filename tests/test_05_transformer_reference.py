@@ -72,6 +72,15 @@ def layer_settings(draw):
     )
 
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: on a busy two-core machine, several threads mostly wait on each other."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
 # ------------------------------------------------------------------------------ positional encoding
 
 

@@ -1,0 +1,788 @@
+"""The chapter-5 checks pass every correct way of writing the code and name every known mistake.
+
+Each buggy variant is one entry of the design's mistake list for 05_transformer (or a near relative),
+written the way a learner would write it, mostly as the reference with one method changed; each test
+asserts the message that names it.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autograde_tests.reference as R
+from autograde_tests.checks import (
+    check_decoder_layer,
+    check_encoder_layer,
+    check_greedy_decode,
+    check_positional_encoding,
+    check_teacher_forcing_loss,
+    check_transformer,
+)
+from autograde_tests.checks.transformer import (
+    GREEDY_MISTAKES,
+    HIDDEN_DECODE,
+    VISIBLE_DECODE,
+    decode_inputs,
+    decoding_model,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """These models are tiny: on a busy two-core machine, several threads mostly wait on each other."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+# ------------------------------------------------------------------------ positional_encoding: correct
+
+
+def pe_annotated(max_len, d_model):
+    pe = torch.zeros(max_len, d_model)
+    position = torch.arange(0, max_len).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe
+
+
+def pe_stacked(max_len, d_model):
+    pos = torch.arange(max_len) * 1.0
+    freq = 10000 ** (-torch.arange(0, d_model, 2) / d_model)
+    angle = pos[:, None] * freq  # (max_len, d_model / 2)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(max_len, d_model)
+
+
+def pe_python_loops(max_len, d_model):
+    rows = []
+    for pos in range(max_len):
+        row = []
+        for k in range(d_model):
+            angle = pos / 10000 ** ((k - k % 2) / d_model)
+            row.append(math.sin(angle) if k % 2 == 0 else math.cos(angle))
+        rows.append(row)
+    return torch.tensor(rows)
+
+
+@pytest.mark.parametrize("positional_encoding", [pe_annotated, pe_stacked, pe_python_loops, R.positional_encoding])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_positional_encoding_check_passes_correct_variants(positional_encoding, hidden, capsys):
+    check_positional_encoding(positional_encoding, hidden=hidden)
+    assert "✔ positional_encoding" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ positional_encoding: mistakes
+
+
+def pe_sin_cos_swapped(max_len, d_model):
+    return pe_stacked(max_len, d_model).reshape(max_len, -1, 2).flip(-1).reshape(max_len, d_model)
+
+
+def pe_feature_index_exponent(max_len, d_model):
+    angle = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(d_model) / d_model)
+    pe = angle.sin()
+    pe[:, 1::2] = angle[:, 1::2].cos()
+    return pe
+
+
+def pe_halves(max_len, d_model):
+    angle = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(0, d_model, 2) / d_model)
+    return torch.cat([angle.sin(), angle.cos()], dim=1)
+
+
+def pe_transposed(max_len, d_model):
+    return pe_annotated(max_len, d_model).T
+
+
+def pe_fixed_float32(max_len, d_model):
+    return pe_annotated(max_len, d_model).float()
+
+
+@pytest.mark.parametrize(
+    "positional_encoding, message",
+    [
+        (pe_sin_cos_swapped, r"sin and cos are swapped"),
+        (pe_feature_index_exponent, r"exponent uses the feature index"),
+        (pe_halves, r"first half .* second half"),
+        (pe_transposed, r"\(d_model, max_len\) instead of \(max_len, d_model\)"),
+        (pe_fixed_float32, r"returns torch.float32 when the default dtype is torch.float64"),
+    ],
+)
+def test_positional_encoding_check_names_the_mistake(positional_encoding, message):
+    with pytest.raises(AssertionError, match=message):
+        check_positional_encoding(positional_encoding)
+
+
+def test_unwritten_exercise_says_so():
+    def positional_encoding(max_len, d_model):
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="is not written yet"):
+        check_positional_encoding(positional_encoding)
+
+
+# ------------------------------------------------------------------------ EncoderLayer: correct
+
+
+class EncoderExplicit(nn.Module):
+    """Without SublayerConnection: the residual wiring written out, the norms kept where the names say."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = R.MultiHeadAttention(d_model, n_heads, bias=True)
+        self.ffn = R.PositionwiseFeedForward(d_model, d_ff, dropout)
+        self.sublayers = nn.ModuleList(nn.Module() for _ in range(2))
+        for sublayer in self.sublayers:
+            sublayer.norm = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, padding_mask=None):
+        mask = None if padding_mask is None else padding_mask.view(x.size(0), 1, 1, -1)
+        n1, n2 = self.sublayers[0].norm, self.sublayers[1].norm
+        if self.norm_first:
+            h = n1(x)
+            x = x + self.drop(self.self_attn(h, h, mask)[0])
+            return x + self.drop(self.ffn(n2(x)))
+        x = n1(x + self.drop(self.self_attn(x, mask=mask)[0]))
+        return n2(x + self.drop(self.ffn(x)))
+
+
+class EncoderWithWhere(R.EncoderLayer):
+    """The padding mask expanded to every query by hand."""
+
+    def forward(self, x, padding_mask=None):
+        mask = None
+        if padding_mask is not None:
+            mask = padding_mask.unsqueeze(1).unsqueeze(2).expand(-1, -1, x.size(1), -1)
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask)[0])
+        return self.sublayers[1](x, lambda h: self.ffn(h))
+
+
+CORRECT_ENCODERS = [R.EncoderLayer, EncoderExplicit, EncoderWithWhere]
+
+
+@pytest.mark.parametrize("EncoderLayer", CORRECT_ENCODERS)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_encoder_layer_check_passes_correct_variants(EncoderLayer, hidden, capsys):
+    check_encoder_layer(EncoderLayer, hidden=hidden)
+    assert "✔ EncoderLayer" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ EncoderLayer: mistakes
+
+
+class EncoderIgnoringPadding(R.EncoderLayer):
+    def forward(self, x, padding_mask=None):
+        return super().forward(x)
+
+
+class EncoderInvertedPadding(R.EncoderLayer):
+    def forward(self, x, padding_mask=None):
+        return super().forward(x, None if padding_mask is None else ~padding_mask)
+
+
+class EncoderPaddingOnQueries(R.EncoderLayer):
+    def forward(self, x, padding_mask=None):
+        mask = None if padding_mask is None else padding_mask[:, None, :, None]
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask)[0])
+        return self.sublayers[1](x, self.ffn)
+
+
+class EncoderIgnoringNormFirst(R.EncoderLayer):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first=not norm_first)
+
+
+class EncoderWithoutBiases(R.EncoderLayer):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.self_attn = R.MultiHeadAttention(d_model, n_heads)
+
+
+class EncoderWithDropoutInEval(R.EncoderLayer):
+    def forward(self, x, padding_mask=None):
+        return F.dropout(super().forward(x, padding_mask), 0.5, training=True)
+
+
+@pytest.mark.parametrize(
+    "EncoderLayer, message",
+    [
+        (EncoderIgnoringPadding, r"padding mask is ignored"),
+        (EncoderInvertedPadding, r"padding mask polarity inverted"),
+        (EncoderPaddingOnQueries, r"query axis instead of the key axis"),
+        (EncoderIgnoringNormFirst, r"Pre-LN and Post-LN swapped"),
+        (EncoderWithoutBiases, r"attention has no biases"),
+        (EncoderWithDropoutInEval, r"dropout is still active"),
+    ],
+)
+def test_encoder_layer_check_names_the_mistake(EncoderLayer, message):
+    with pytest.raises(AssertionError, match=message):
+        check_encoder_layer(EncoderLayer)
+
+
+# ------------------------------------------------------------------------ DecoderLayer: correct
+
+
+class DecoderExplicit(nn.Module):
+    """Masks built by hand with triu and unsqueeze, the sublayers written out."""
+
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = R.MultiHeadAttention(d_model, n_heads, bias=True)
+        self.cross_attn = R.MultiHeadAttention(d_model, n_heads, bias=True)
+        self.ffn = R.PositionwiseFeedForward(d_model, d_ff, dropout)
+        self.sublayers = nn.ModuleList(R.SublayerConnection(d_model, dropout, norm_first) for _ in range(3))
+
+    def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
+        T = x.size(1)
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
+        self_mask = ~future
+        if tgt_padding_mask is not None:
+            self_mask = self_mask.unsqueeze(0).unsqueeze(0) & tgt_padding_mask.unsqueeze(1).unsqueeze(2)
+        cross_mask = None if memory_padding_mask is None else memory_padding_mask.unsqueeze(1).unsqueeze(1)
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, mask=self_mask)[0])
+        x = self.sublayers[1](x, lambda h: self.cross_attn(h, memory, mask=cross_mask)[0])
+        return self.sublayers[2](x, self.ffn)
+
+
+class DecoderWithFloatMaskLogic(R.DecoderLayer):
+    """The causal and padding masks combined with torch.logical_and, over explicit (B, 1, T, T) shapes."""
+
+    def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
+        B, T, _ = x.shape
+        self_mask = R.causal_mask(T, device=x.device).expand(B, 1, T, T)
+        if tgt_padding_mask is not None:
+            self_mask = torch.logical_and(self_mask, tgt_padding_mask[:, None, None, :])
+        cross_mask = None
+        if memory_padding_mask is not None:
+            cross_mask = memory_padding_mask[:, None, None, :].expand(B, 1, T, memory.size(1))
+        for i, f in enumerate(
+            (lambda h: self.self_attn(h, h, self_mask)[0], lambda h: self.cross_attn(h, memory, cross_mask)[0], self.ffn)
+        ):
+            x = self.sublayers[i](x, f)
+        return x
+
+
+CORRECT_DECODERS = [R.DecoderLayer, DecoderExplicit, DecoderWithFloatMaskLogic]
+
+
+@pytest.mark.parametrize("DecoderLayer", CORRECT_DECODERS)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_decoder_layer_check_passes_correct_variants(DecoderLayer, hidden, capsys):
+    check_decoder_layer(DecoderLayer, hidden=hidden)
+    assert "✔ DecoderLayer" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ DecoderLayer: mistakes
+
+
+def decoder_with_masks(self_mask_fn=None, cross_memory=None, cross_mask_fn=None):
+    """A DecoderLayer whose self-attention mask, cross-attention memory or cross mask is computed by the
+    given functions of (x, tgt_padding_mask, memory, memory_padding_mask)."""
+
+    class Decoder(R.DecoderLayer):
+        def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
+            args = (x, tgt_padding_mask, memory, memory_padding_mask)
+            self_mask = self_mask_fn(*args)
+            cross_mask = (cross_mask_fn or right_cross_mask)(*args)
+            x = self.sublayers[0](x, lambda h: self.self_attn(h, h, self_mask)[0])
+            x = self.sublayers[1](x, lambda h: self.cross_attn(h, (cross_memory or right_memory)(h, memory), cross_mask)[0])
+            return self.sublayers[2](x, self.ffn)
+
+    return Decoder
+
+
+def with_keys(mask, padding):
+    return mask if padding is None else mask & padding[:, None, None, :]
+
+
+def right_self_mask(x, tm, memory, mm):
+    return with_keys(R.causal_mask(x.size(1), device=x.device), tm)
+
+
+def right_cross_mask(x, tm, memory, mm):
+    return None if mm is None else mm[:, None, None, :]
+
+
+def right_memory(h, memory):
+    return memory
+
+
+def cpu_causal_mask(x, tm, memory, mm):
+    return with_keys(R.causal_mask(x.size(1)), tm)  # forgot device=x.device
+
+
+@pytest.mark.parametrize(
+    "DecoderLayer, message",
+    [
+        (decoder_with_masks(lambda x, tm, m, mm: None if tm is None else tm[:, None, None, :]),
+         r"decoder self-attention without the causal mask"),
+        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1)).T, tm)), r"causal mask is transposed"),
+        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1)).tril(-1), tm)),
+         r"causal mask excludes the diagonal"),
+        (decoder_with_masks(right_self_mask, cross_memory=lambda h, memory: h, cross_mask_fn=lambda *a: None),
+         r"cross-attention attends to the decoder's own states"),
+        (decoder_with_masks(right_self_mask, cross_mask_fn=lambda *a: None), r"ignores the memory padding mask"),
+        (decoder_with_masks(lambda x, tm, m, mm: R.causal_mask(x.size(1))), r"ignores the target padding mask"),
+        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1)), mm),
+                            cross_mask_fn=lambda x, tm, m, mm: None if tm is None else tm[:, None, None, :]),
+         r"padding masks are swapped|raised RuntimeError"),
+        (decoder_with_masks(cpu_causal_mask), r"fixed device"),
+    ],
+)
+def test_decoder_layer_check_names_the_mistake(DecoderLayer, message):
+    with pytest.raises(AssertionError, match=message):
+        check_decoder_layer(DecoderLayer)
+
+
+class DecoderIgnoringNormFirst(R.DecoderLayer):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first=False)
+
+
+class DecoderWithoutCrossBiases(R.DecoderLayer):
+    def __init__(self, d_model, n_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__(d_model, n_heads, d_ff, dropout, norm_first)
+        self.cross_attn = R.MultiHeadAttention(d_model, n_heads)
+
+
+@pytest.mark.parametrize(
+    "DecoderLayer, message",
+    [(DecoderIgnoringNormFirst, r"Pre-LN and Post-LN swapped"), (DecoderWithoutCrossBiases, r"attention has no biases")],
+)
+def test_decoder_layer_check_names_layer_wide_mistakes(DecoderLayer, message):
+    with pytest.raises(AssertionError, match=message):
+        check_decoder_layer(DecoderLayer)
+
+
+# ------------------------------------------------------------------------ Transformer: correct
+
+
+class TransformerOnTheFly(nn.Module):
+    """The positional encoding computed in every call, on the tokens' device; Identity as Post-LN's norms."""
+
+    def __init__(self, src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout=0.0, norm_first=False,
+                 max_len=512):
+        super().__init__()
+        self.d_model = d_model
+        self.src_embed, self.tgt_embed = nn.Embedding(src_vocab, d_model), nn.Embedding(tgt_vocab, d_model)
+        self.encoder_layers = nn.ModuleList(
+            [R.EncoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)]
+        )
+        self.decoder_layers = nn.ModuleList(
+            [R.DecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)]
+        )
+        self.encoder_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.head = nn.Linear(d_model, tgt_vocab)
+
+    def _embed(self, tokens, table):
+        pe = R.positional_encoding(tokens.size(1), self.d_model).to(table.weight)
+        return table(tokens) * self.d_model**0.5 + pe.unsqueeze(0)
+
+    def encode(self, src, src_padding_mask=None):
+        x = self._embed(src, self.src_embed)
+        for layer in self.encoder_layers:
+            x = layer(x, padding_mask=src_padding_mask)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
+        y = self._embed(tgt, self.tgt_embed)
+        for layer in self.decoder_layers:
+            y = layer(y, memory, tgt_padding_mask=tgt_padding_mask, memory_padding_mask=src_padding_mask)
+        return self.head(self.decoder_norm(y))
+
+    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
+        return self.decode(tgt, self.encode(src, src_padding_mask), tgt_padding_mask, src_padding_mask)
+
+
+class TransformerPersistentBuffer(R.Transformer):
+    """A persistent (1, max_len, d_model) PE buffer, the scale applied through Embedding-like multiplication."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        pe = self.pe
+        del self.pe
+        self.register_buffer("pe", pe.unsqueeze(0))  # persistent: it is in the state_dict
+
+    def embed(self, tokens, embedding):
+        return embedding(tokens).mul(math.sqrt(self.d_model)).add(self.pe[:, : tokens.size(1), :])
+
+
+CORRECT_TRANSFORMERS = [R.Transformer, TransformerOnTheFly, TransformerPersistentBuffer]
+
+
+@pytest.mark.parametrize("Transformer", CORRECT_TRANSFORMERS)
+@pytest.mark.parametrize("hidden", [False, True])
+def test_transformer_check_passes_correct_variants(Transformer, hidden, capsys):
+    check_transformer(Transformer, hidden=hidden)
+    assert "✔ Transformer" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------ Transformer: mistakes
+
+
+def embedding_variant(how):
+    class Variant(R.Transformer):
+        def embed(self, tokens, embedding):
+            e, pe, root = embedding(tokens), self.pe, math.sqrt(self.d_model)
+            T = tokens.size(1)
+            return {
+                "unscaled": lambda: e + pe[:T],
+                "by_batch": lambda: e * root + pe[: e.size(0)].unsqueeze(1),
+                "no_pe": lambda: e * root,
+                "twice": lambda: e * root + pe[:T] + pe[:T],
+                "scaled_after": lambda: (e + pe[:T]) * root,
+            }[how]()
+
+    return Variant
+
+
+class DecoderFedSourceEmbeddings(R.Transformer):
+    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
+        x = self.embed(tgt, self.src_embed)
+        for layer in self.decoder_layers:
+            x = layer(x, memory, tgt_padding_mask, src_padding_mask)
+        return self.head(x if self.decoder_norm is None else self.decoder_norm(x))
+
+
+class DecoderFedTheSource(R.Transformer):
+    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
+        return self.decode(src, self.encode(src, src_padding_mask), src_padding_mask, src_padding_mask)
+
+
+class CrossAttentionToOwnStates(R.Transformer):
+    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
+        x = self.embed(tgt, self.tgt_embed)
+        for layer in self.decoder_layers:
+            x = layer(x, x, tgt_padding_mask)  # the memory slot gets the decoder's states
+        return self.head(x if self.decoder_norm is None else self.decoder_norm(x))
+
+
+class DuplicateFinalNorm(R.Transformer):
+    def __init__(self, *args, norm_first=False, **kwargs):
+        super().__init__(*args, norm_first=norm_first, **kwargs)
+        self.encoder_norm, self.decoder_norm = R.LayerNorm(self.d_model), R.LayerNorm(self.d_model)
+
+
+class DuplicateFinalNormWithoutParameters(R.Transformer):
+    def encode(self, src, src_padding_mask=None):
+        memory = super().encode(src, src_padding_mask)
+        return memory if self.encoder_norm is not None else F.layer_norm(memory, (self.d_model,))
+
+
+class PreLNWithoutFinalNorm(R.Transformer):
+    def __init__(self, *args, norm_first=False, **kwargs):
+        super().__init__(*args, norm_first=norm_first, **kwargs)
+        self.encoder_norm = self.decoder_norm = None
+
+
+class EncoderWithoutPaddingMask(R.Transformer):
+    def encode(self, src, src_padding_mask=None):
+        return super().encode(src)
+
+
+class DecodeReturningStates(R.Transformer):
+    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
+        x = self.embed(tgt, self.tgt_embed)
+        for layer in self.decoder_layers:
+            x = layer(x, memory, tgt_padding_mask, src_padding_mask)
+        return x
+
+
+class ForwardWithMasksSwapped(R.Transformer):
+    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
+        return self.decode(tgt, self.encode(src, src_padding_mask), src_padding_mask, tgt_padding_mask)
+
+
+class NonCausalDecoderLayer(R.DecoderLayer):
+    def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
+        self_mask = None if tgt_padding_mask is None else tgt_padding_mask[:, None, None, :]
+        cross_mask = None if memory_padding_mask is None else memory_padding_mask[:, None, None, :]
+        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, self_mask)[0])
+        x = self.sublayers[1](x, lambda h: self.cross_attn(h, memory, cross_mask)[0])
+        return self.sublayers[2](x, self.ffn)
+
+
+class TransformerWithNonCausalLayers(R.Transformer):
+    def __init__(self, src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout=0.0, norm_first=False,
+                 max_len=512):
+        super().__init__(src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout, norm_first, max_len)
+        self.decoder_layers = nn.ModuleList(
+            NonCausalDecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+        )
+
+
+class EncoderLayerIgnoringPadding(R.EncoderLayer):
+    def forward(self, x, padding_mask=None):
+        return super().forward(x)
+
+
+class TransformerWithLayersIgnoringPadding(R.Transformer):
+    def __init__(self, src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout=0.0, norm_first=False,
+                 max_len=512):
+        super().__init__(src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout, norm_first, max_len)
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayerIgnoringPadding(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+        )
+
+
+class TransformerWithFrozenEncoder(R.Transformer):
+    def encode(self, src, src_padding_mask=None):
+        with torch.no_grad():
+            return super().encode(src, src_padding_mask)
+
+
+class TransformerWithPECreatedOnTheCPU(TransformerOnTheFly):
+    def _embed(self, tokens, table):
+        return table(tokens) * self.d_model**0.5 + R.positional_encoding(tokens.size(1), self.d_model)
+
+
+@pytest.mark.parametrize(
+    "Transformer, message",
+    [
+        (embedding_variant("unscaled"), r"token embeddings not scaled by sqrt\(d_model\)"),
+        (embedding_variant("by_batch"), r"positional encoding indexed by batch instead of position"),
+        (embedding_variant("no_pe"), r"positional encoding is not added"),
+        (embedding_variant("twice"), r"positional encoding is added twice"),
+        (embedding_variant("scaled_after"), r"added before the sqrt\(d_model\) scale"),
+        (DecoderFedSourceEmbeddings, r"decoder fed the source embeddings"),
+        (DecoderFedTheSource, r"the decoder was fed the source"),
+        (CrossAttentionToOwnStates, r"cross-attention attending to the decoder's own states"),
+        (DuplicateFinalNorm, r"duplicate final LayerNorm on a Post-LN stack"),
+        (DuplicateFinalNormWithoutParameters, r"duplicate final LayerNorm on a Post-LN stack"),
+        (PreLNWithoutFinalNorm, r"Pre-LN stack .* must end with a final LayerNorm"),
+        (EncoderWithoutPaddingMask, r"encoder layers do not get src_padding_mask"),
+        (DecodeReturningStates, r"returns the decoder's states"),
+        (ForwardWithMasksSwapped, r"padding masks (are )?passed the wrong way round"),
+        (TransformerWithNonCausalLayers, r"decoder can see the future"),
+        (TransformerWithLayersIgnoringPadding, r"changing the source's padding tokens changed the logits"),
+        (TransformerWithFrozenEncoder, r"get no gradient"),
+        (TransformerWithPECreatedOnTheCPU, r"fixed device"),
+    ],
+)
+def test_transformer_check_names_the_mistake(Transformer, message):
+    with pytest.raises(AssertionError, match=message):
+        check_transformer(Transformer)
+
+
+def test_transformer_check_finds_a_model_that_cannot_learn(monkeypatch):
+    """A model whose numbers are right but which a training step cannot improve: the optimiser sees no
+    parameters (they are hidden from .parameters())."""
+
+    class Unlearnable(R.Transformer):
+        def parameters(self, recurse=True):
+            return iter([nn.Parameter(torch.zeros(1))])
+
+    with pytest.raises(AssertionError, match=r"cannot learn: trained on one fixed batch"):
+        check_transformer(Unlearnable)
+
+
+# ------------------------------------------------------------------------ teacher_forcing_loss
+
+
+def loss_gathered(model, src, tgt, pad_id):
+    inputs, labels = tgt[:, :-1], tgt[:, 1:]
+    log_probs = model(src, inputs, src != pad_id, inputs != pad_id).log_softmax(-1)
+    picked = log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    real = labels != pad_id
+    return -(picked * real).sum() / real.sum()
+
+
+def loss_flattened(model, src, tgt, pad_id):
+    logits = model(src, tgt[:, :-1], src_padding_mask=src.ne(pad_id), tgt_padding_mask=tgt[:, :-1].ne(pad_id))
+    labels = tgt[:, 1:].reshape(-1)
+    keep = labels != pad_id
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1))[keep], labels[keep])
+
+
+@pytest.mark.parametrize("loss_fn", [R.teacher_forcing_loss, loss_gathered, loss_flattened])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_teacher_forcing_loss_check_passes_correct_variants(loss_fn, hidden, capsys):
+    check_teacher_forcing_loss(loss_fn, hidden=hidden)
+    assert "✔ teacher_forcing_loss" in capsys.readouterr().out
+
+
+def loss_not_shifted(model, src, tgt, pad_id):
+    logits = model(src, tgt, src != pad_id, tgt != pad_id)
+    return F.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=pad_id)
+
+
+def loss_copying_inputs(model, src, tgt, pad_id):
+    inputs = tgt[:, :-1]
+    logits = model(src, inputs, src != pad_id, inputs != pad_id)
+    return F.cross_entropy(logits.transpose(1, 2), inputs, ignore_index=pad_id)
+
+
+def loss_shifted_backwards(model, src, tgt, pad_id):
+    inputs = tgt[:, 1:]
+    logits = model(src, inputs, src != pad_id, inputs != pad_id)
+    return F.cross_entropy(logits.transpose(1, 2), tgt[:, :-1], ignore_index=pad_id)
+
+
+def loss_counting_pads(model, src, tgt, pad_id):
+    inputs = tgt[:, :-1]
+    logits = model(src, inputs, src != pad_id, inputs != pad_id)
+    return F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:])
+
+
+def loss_without_source_mask(model, src, tgt, pad_id):
+    inputs = tgt[:, :-1]
+    logits = model(src, inputs, tgt_padding_mask=inputs != pad_id)
+    return F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:], ignore_index=pad_id)
+
+
+def loss_detached(model, src, tgt, pad_id):
+    return R.teacher_forcing_loss(model, src, tgt, pad_id).detach()
+
+
+def loss_as_float(model, src, tgt, pad_id):
+    return R.teacher_forcing_loss(model, src, tgt, pad_id).item()
+
+
+@pytest.mark.parametrize(
+    "loss_fn, message",
+    [
+        (loss_not_shifted, r"targets not shifted right .* reads the very token it must predict"),
+        (loss_copying_inputs, r"targets not shifted right .* asked to copy what it sees"),
+        (loss_shifted_backwards, r"shift goes the wrong way"),
+        (loss_counting_pads, r"padding positions are counted in the loss"),
+        (loss_without_source_mask, r"source padding mask is not passed"),
+        (loss_detached, r"detached from the model"),
+        (loss_as_float, r"should be a torch.Tensor, got float"),
+    ],
+)
+def test_teacher_forcing_loss_check_names_the_mistake(loss_fn, message):
+    with pytest.raises(AssertionError, match=message):
+        check_teacher_forcing_loss(loss_fn)
+
+
+# ------------------------------------------------------------------------ greedy_decode
+
+
+@pytest.mark.parametrize("case", VISIBLE_DECODE + HIDDEN_DECODE)
+def test_every_decoding_case_tells_every_mistake_apart(case):
+    model, (src, mask) = decoding_model(case), decode_inputs(case)
+    expected = R.greedy_decode(model, src, case.max_len, case.bos, case.eos, mask)
+    for mistake in GREEDY_MISTAKES:
+        with torch.no_grad():
+            mistaken = mistake.compute(model, src, case.max_len, case.bos, case.eos, mask)
+        length = max(mistaken.size(1), expected.size(1))
+        padded = [torch.cat([t, torch.full((t.size(0), length - t.size(1)), case.eos)], dim=1) for t in (mistaken, expected)]
+        assert not torch.equal(*padded), mistake.problem
+
+
+@pytest.mark.parametrize("cases", [VISIBLE_DECODE, HIDDEN_DECODE], ids=["visible", "hidden"])
+def test_decoding_cases_include_sequences_that_end_early_and_ones_that_do_not(cases):
+    ended_early = ran_to_the_end = 0
+    for case in cases:
+        src, mask = decode_inputs(case)
+        out = R.greedy_decode(decoding_model(case), src, case.max_len, case.bos, case.eos, mask)
+        first_eos = [(row == case.eos).nonzero()[0].item() if (row == case.eos).any() else None for row in out]
+        ended_early += sum(e is not None and e < case.max_len - 1 for e in first_eos)
+        ran_to_the_end += sum(e is None for e in first_eos)
+    assert ended_early >= 2 and ran_to_the_end >= 2
+
+
+@pytest.mark.parametrize("case", VISIBLE_DECODE + HIDDEN_DECODE)
+def test_decoding_cases_have_no_near_ties_that_rounding_could_flip(case):
+    model, (src, mask) = decoding_model(case), decode_inputs(case)
+    out = R.greedy_decode(model, src, case.max_len, case.bos, case.eos, mask)
+    with torch.no_grad():
+        logits = model(src, out[:, :-1], mask)
+    top2 = logits.topk(2, dim=-1).values
+    assert (top2[..., 0] - top2[..., 1]).min() > 1e-4
+
+
+@torch.no_grad()
+def greedy_rerunning_the_model(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+    ys = torch.full((src.size(0), 1), bos_id, device=src.device)
+    while ys.size(1) < max_len:
+        logits = model(src, ys, src_padding_mask)
+        next_token = logits[:, -1, :].argmax(-1, keepdim=True)
+        ended = (ys == eos_id).any(dim=1, keepdim=True)
+        ys = torch.cat([ys, torch.where(ended, torch.full_like(next_token, eos_id), next_token)], dim=1)
+        if (ys == eos_id).any(dim=1).all():
+            break
+    return ys
+
+
+@torch.no_grad()
+def greedy_to_max_len(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+    """Never stops early: every sequence is padded with eos_id up to max_len, which the contract allows."""
+    memory = model.encode(src, src_padding_mask)
+    out = [torch.full((src.size(0),), bos_id, dtype=torch.long, device=src.device)]
+    finished = torch.zeros_like(out[0], dtype=torch.bool)
+    for _ in range(max_len - 1):
+        logits = model.decode(torch.stack(out, dim=1), memory, None, src_padding_mask)
+        token = logits[:, -1].argmax(-1).masked_fill(finished, eos_id)
+        finished |= token == eos_id
+        out.append(token)
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("greedy_decode", [R.greedy_decode, greedy_rerunning_the_model, greedy_to_max_len])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_greedy_decode_check_passes_correct_variants(greedy_decode, hidden, capsys):
+    check_greedy_decode(greedy_decode, hidden=hidden)
+    assert "✔ greedy_decode" in capsys.readouterr().out
+
+
+def greedy_variant(position=-1, pad_after_eos=True, stop_any=False, use_mask=True, length=0, first=None):
+    @torch.no_grad()
+    def greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+        mask = src_padding_mask if use_mask else None
+        memory = model.encode(src, mask)
+        ys = torch.full((src.size(0), 1), bos_id if first is None else first, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+        while ys.size(1) < max_len + length and not (done.any() if stop_any else done.all()):
+            token = model.decode(ys, memory, src_padding_mask=mask)[:, position].argmax(-1)
+            if pad_after_eos:
+                token = torch.where(done, eos_id, token)
+            ys = torch.cat([ys, token[:, None]], dim=1)
+            done = done | (token == eos_id)
+        return ys
+
+    return greedy_decode
+
+
+def greedy_returning_a_list(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+    return R.greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask).tolist()
+
+
+def greedy_hard_coded_ids(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+    return R.greedy_decode(model, src, max_len, 1, 2, src_padding_mask)
+
+
+@pytest.mark.parametrize(
+    "greedy_decode, message, hidden",
+    [
+        (greedy_variant(pad_after_eos=False), r"kept generating tokens", False),
+        (greedy_variant(stop_any=True), r"stopped as soon as one sequence ended", False),
+        (greedy_variant(position=0), r"logits at the first position", False),
+        (greedy_variant(use_mask=False), r"src_padding_mask is not used", False),
+        (greedy_variant(length=1), r"max_len counts the bos_id too", False),
+        (greedy_variant(first=0), r"does not start with bos_id", False),
+        (greedy_returning_a_list, r"should return a torch.Tensor, got list", False),
+        (greedy_hard_coded_ids, r"does not start with bos_id=4", True),
+    ],
+)
+def test_greedy_decode_check_names_the_mistake(greedy_decode, message, hidden):
+    with pytest.raises(AssertionError, match=message):
+        check_greedy_decode(greedy_decode, hidden=hidden)
+
+
+# ------------------------------------------------------------------------ no pass line for wrong code
+
+
+def test_checks_never_print_a_pass_for_wrong_code(capsys):
+    with pytest.raises(AssertionError):
+        check_transformer(embedding_variant("unscaled"))
+    with pytest.raises(AssertionError):
+        check_greedy_decode(greedy_variant(position=0))
+    assert "✔" not in capsys.readouterr().out
