@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor test release grade demo clean
+.PHONY: venv book book-instructor test release grade bench demo clean
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ release: venv
 ## Options go in ARGS, e.g. make grade ARGS="--jobs 4 --chapter 01_attention".
 grade: venv
 	$(BIN)/python -m autograde_tests.grading $(ARGS)
+
+## Measure the course's speed against PyTorch and the floor; writes book/benchmarks.md (ARGS="--builds").
+bench: venv
+	$(BIN)/python -m autograde_tests.bench $(ARGS)
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv

@@ -1,0 +1,219 @@
+"""``make bench``: the course's speed, measured side by side with PyTorch and with the floor.
+
+Every figure is run ``--repeats`` times (at least 3) and reported as a median; every comparison is a
+ratio of two medians measured in the same run, on the same machine. The Markdown table goes to
+``book/benchmarks.md`` (an appendix page of the book) with a description of the machine it came from.
+``--smoke`` runs tiny sizes once, for the test suite, and writes where ``--out`` says.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import torch
+from nbclient import NotebookClient
+from torch import nn
+from torch.nn import functional as F
+
+from . import course
+from .reference.attention import scaled_dot_product_attention
+from .reference.multi_head_attention import MultiHeadAttention
+
+REPO = Path.cwd()
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    value: str
+    against: str = ""
+    ratio: str = ""
+
+
+def median_seconds(run: Callable[[], object], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine() -> list[str]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU") if Path("/proc/cpuinfo").exists() else platform.processor()
+    lines = [f"- CPU: {cpu}, {os.cpu_count()} cores", f"- Python {platform.python_version()}, "
+             f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
+    if torch.cuda.is_available():
+        lines.append(f"- CUDA: {torch.cuda.get_device_name()} (TF32 off)")
+    else:
+        lines.append("- CUDA: none")
+    return lines
+
+
+# ---------------------------------------------------------------------------------- 1. autograding
+
+
+def _bare_notebook_seconds(folder: Path) -> float:
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import torch")])
+    notebook.metadata.kernelspec = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    start = time.perf_counter()
+    NotebookClient(notebook, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).execute()
+    return time.perf_counter() - start
+
+
+def autograding(repeats: int, chapters: list[str]) -> list[Row]:
+    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-autograde-")))
+    floor = statistics.median(_bare_notebook_seconds(root) for _ in range(repeats))
+    rows = [Row("executing a notebook that only imports torch (the floor)", f"{floor:.2f} s")]
+    for chapter in chapters:
+        course.release(root, chapter)
+        course.submit(root, "student", chapter, course.solved(root, chapter))
+        seconds = median_seconds(lambda: course.autograde(root, "student", chapter), repeats)
+        rows.append(Row(f"`nbgrader autograde` of solved {chapter}", f"{seconds:.2f} s", f"{floor:.2f} s",
+                        f"{seconds / floor:.1f}×"))
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------- 2. class grading
+
+
+def class_grading(repeats: int, students: int) -> list[Row]:
+    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-class-")))
+    chapter = course.chapters(root)[0]
+    course.release(root, chapter)
+    answer = course.solved(root, chapter)
+    for n in range(students):
+        course.submit(root, f"student{n:02d}", chapter, answer)
+    rates = {}
+    for jobs in (1, 2):
+        command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", str(jobs), "--force"]
+        seconds = median_seconds(lambda: subprocess.run(command, check=True, capture_output=True), repeats)
+        rates[jobs] = students / seconds * 60
+    shutil.rmtree(root, ignore_errors=True)
+    return [Row(f"`make grade --jobs 1`, {students} students of {chapter}", f"{rates[1]:.1f} students/min"),
+            Row(f"`make grade --jobs 2`, {students} students of {chapter}", f"{rates[2]:.1f} students/min",
+                f"{rates[1]:.1f} students/min", f"{rates[2] / rates[1]:.2f}×")]
+
+
+# ------------------------------------------------------------------- 3. the reference against torch
+
+
+def _devices() -> list[torch.device]:
+    return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+
+
+def _sync(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def _forward_backward(forward: Callable[[], object]) -> Callable[[], None]:
+    def step():
+        out = forward()
+        (out[0] if isinstance(out, tuple) else out).sum().backward()
+    return step
+
+
+def reference_vs_torch(repeats: int, batch: int, length: int, d_model: int, lengths: list[int]) -> list[Row]:
+    from .reference.transformer import EncoderLayer
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    rows, n_heads = [], 8
+    for device in _devices():
+        sync = _sync(device)
+        x = torch.randn(batch, length, d_model, device=device, requires_grad=True)
+        theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True, device=device)
+        ours = MultiHeadAttention.from_torch(theirs).to(device)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, 4 * d_model, dropout=0.0, batch_first=True, device=device)
+        our_layer = EncoderLayer.from_torch(layer).to(device)
+        pairs = [("`MultiHeadAttention` vs `nn.MultiheadAttention`",
+                  _forward_backward(lambda: ours(x)), _forward_backward(lambda: theirs(x, x, x))),
+                 ("`EncoderLayer` vs `nn.TransformerEncoderLayer`",
+                  _forward_backward(lambda: our_layer(x)), _forward_backward(lambda: layer(x)))]
+        for what, run_ours, run_theirs in pairs:
+            run_ours(), run_theirs()  # warm-up
+            mine, torchs = median_seconds(run_ours, repeats, sync), median_seconds(run_theirs, repeats, sync)
+            rows.append(Row(f"{what}, forward+backward, B={batch}, T={length}, d_model={d_model}, h={n_heads} ({device.type})",
+                            f"{mine * 1e3:.1f} ms", f"{torchs * 1e3:.1f} ms", f"{mine / torchs:.2f}×"))
+        for n in lengths:
+            q = torch.randn(1, n_heads, n, 64, device=device)
+            ours_s = median_seconds(lambda: scaled_dot_product_attention(q, q, q), repeats, sync)
+            fused = median_seconds(lambda: F.scaled_dot_product_attention(q, q, q), repeats, sync)
+            rows.append(Row(f"attention, h={n_heads}, d_k=64, sequence length {n} ({device.type})",
+                            f"{ours_s * 1e3:.2f} ms", f"{fused * 1e3:.2f} ms (`F.scaled_dot_product_attention`)",
+                            f"{ours_s / fused:.2f}×"))
+    return rows
+
+
+# -------------------------------------------------------------------------------- 5. builds, tests
+
+
+def builds(repeats: int) -> list[Row]:
+    def make(*targets):
+        subprocess.run(["make", *targets], cwd=REPO, check=True, capture_output=True)
+
+    def cold():
+        shutil.rmtree(REPO / "_build", ignore_errors=True)
+        make("book")
+
+    rows = [Row("`make book`, cold (no _build/)", f"{median_seconds(cold, repeats):.0f} s"),
+            Row("`make book`, warm (nothing changed)", f"{median_seconds(lambda: make('book'), repeats):.0f} s"),
+            Row("`make test`", f"{median_seconds(lambda: make('test'), repeats):.0f} s")]
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def table(title: str, rows: list[Row]) -> list[str]:
+    lines = [f"## {title}", "", "| measured | median | against | ratio |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.what} | {r.value} | {r.against} | {r.ratio} |" for r in rows]
+    return lines + [""]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
+    parser.add_argument("--builds", action="store_true", help="also time make book (cold, warm) and make test")
+    parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks.md")
+    args = parser.parse_args(argv)
+    if args.repeats < (1 if args.smoke else 3):
+        parser.error("--repeats must be at least 3 (medians of fewer runs are noise)")
+    repeats = 1 if args.smoke else args.repeats
+    chapters = course.chapters(REPO)
+    sections = [
+        ("1. Autograding: seconds per notebook against the floor",
+         lambda: autograding(repeats, chapters[:1] if args.smoke else chapters)),
+        ("2. Class grading: students per minute", lambda: class_grading(repeats, 1 if args.smoke else 20)),
+        ("3. The reference against PyTorch", lambda: reference_vs_torch(
+            repeats, *((2, 16, 64, [64, 128]) if args.smoke else (8, 128, 512, [128, 256, 512, 1024, 2048]))))
+    ]
+    if args.builds:
+        sections.append(("5. Building and testing the course", lambda: builds(repeats)))
+    lines = ["# Benchmarks", "", f"Measured by `make bench` on {datetime.date.today()}, medians of {repeats} runs"
+             f"{' (smoke run: tiny sizes)' if args.smoke else ''}, on:", "", *machine(), ""]
+    for title, measure in sections:
+        print(f"measuring: {title}", flush=True)
+        lines += table(title, measure())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
