@@ -161,6 +161,15 @@ def test_attention_check_passes_correct_variants(attention, hidden, capsys):
     assert "✔ scaled_dot_product_attention" in capsys.readouterr().out
 
 
+def test_attention_check_passes_code_that_reads_values_which_meta_tensors_lack():
+    def skips_an_all_true_mask(q, k, v, mask=None):
+        if mask is not None and mask.all().item():
+            mask = None
+        return attention_matmul_minus_inf(q, k, v, mask)
+
+    check_scaled_dot_product_attention(skips_an_all_true_mask, hidden=True)
+
+
 def test_attention_check_passes_the_reference():
     check_scaled_dot_product_attention(reference_attention, hidden=True)
 

@@ -224,20 +224,27 @@ def forbid_ops(name: str, fn: Callable, args: tuple, forbidden: Mapping[str, str
             )
 
 
+# Calls that need a tensor's values: on shape-only meta tensors they fail like a device clash would.
+READS_VALUES = {"tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+
+
 def expect_device_agnostic(name: str, fn: Callable, args: tuple) -> None:
     """Run ``fn`` on shape-only 'meta' tensors: a tensor it makes on a fixed device clashes with them.
 
     This finds code that would break on a GPU even on a machine without one. Code that needs the
-    values (``.item()``, ``if x.any():``) cannot run on meta tensors; that is allowed, so only a
-    device clash, or a result left on another device, fails.
+    values (``.item()``, ``.tolist()``, ``if x.any():``) cannot run on meta tensors; that is allowed,
+    so only a device clash, or a result left on another device, fails.
     """
     hint = "create tensors with device=<input>.device (or use torch.zeros_like / full_like / where)."
     meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    called: set[str] = set()
     try:
-        result = fn(*meta)
+        with _CalledFunctions(called):
+            result = fn(*meta)
     except Exception as exc:
         text = str(exc)
-        if "expected device" in text or "copy out of meta" in text:
+        copied_into_fixed_device = "copy out of meta" in text and not called & READS_VALUES
+        if "expected device" in text or copied_into_fixed_device:
             fail(name, f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU ({text})", hint)
         return
     results = result if isinstance(result, tuple) else (result,)
