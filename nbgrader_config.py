@@ -15,6 +15,7 @@ c.CourseDirectory.db_assignments = [
     dict(name="02_multi_head_attention"),
     dict(name="03_attention_variants"),
     dict(name="04_ffn_layernorm_residual"),
+    dict(name="05_transformer"),
 ]
 
 # Learners' stubs: what replaces the code between BEGIN/END SOLUTION.

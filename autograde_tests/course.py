@@ -23,6 +23,7 @@ TYPICAL_MISTAKES = {
     "02_multi_head_attention": ("MultiHeadAttention", ", bias=bias)", ")"),
     "03_attention_variants": ("CausalSelfAttention", ", device=x.device", ""),
     "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
+    "05_transformer": ("transformer", " * math.sqrt(self.d_model)", ""),
 }
 
 
