@@ -10,13 +10,6 @@ c = get_config()  # noqa: F821 (injected by nbgrader)
 c.CourseDirectory.course_id = "attention-step-by-step"
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "notebooks"
-c.CourseDirectory.db_assignments = [
-    dict(name="01_attention"),
-    dict(name="02_multi_head_attention"),
-    dict(name="03_attention_variants"),
-    dict(name="04_ffn_layernorm_residual"),
-    dict(name="05_transformer"),
-]
 
 # Learners' stubs: what replaces the code between BEGIN/END SOLUTION.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
@@ -31,4 +24,5 @@ c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, ShortTracebacks
 c.OverwriteCells.add_missing_cells = True
 
 # Learners' LMS downloads (`nbgrader zip_collect`): files named <student id>_<chapter>.ipynb.
-c.FileNameCollectorPlugin.named_regexp = r"^(?P<student_id>[^/]+?)_(?P<file_id>\d\d_[a-z_]+\.ipynb)$"
+# nbgrader matches the pattern against each extracted file's whole path.
+c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/]+?)_(?P<file_id>\d\d_[a-z_]+\.ipynb)$"
