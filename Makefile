@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor test release grade bench demo clean
+.PHONY: venv book book-instructor test release grade bench train demo clean
 
 venv: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ grade: venv
 ## Measure the course's speed against PyTorch and the floor; writes book/benchmarks.md (ARGS="--builds").
 bench: venv
 	$(BIN)/python -m autograde_tests.bench $(ARGS)
+
+## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN (a few minutes on a CPU); writes the
+## cached runs the book plots, book/_static/05_transformer/*.json.
+train: venv
+	$(BIN)/python -m autograde_tests.training --out book/_static/05_transformer/post_ln.json
+	$(BIN)/python -m autograde_tests.training --norm-first --out book/_static/05_transformer/pre_ln.json
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv
