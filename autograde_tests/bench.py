@@ -159,6 +159,30 @@ def reference_vs_torch(repeats: int, batch: int, length: int, d_model: int, leng
     return rows
 
 
+# ------------------------------------------------------------------------------ 4. the training demo
+
+
+def training(repeats: int, steps: int | None) -> list[Row]:
+    """The chapter-5 run (Post-LN and Pre-LN): wall time, and the first evaluation at 99% exact match."""
+    from . import training as demo
+
+    rows = []
+    for norm_first in (False, True):
+        config = demo.Config(norm_first=norm_first)
+        if steps:  # the smoke run: a few steps on a small held-out set
+            config = demo.Config(norm_first=norm_first, steps=steps, eval_every=steps, eval_size=50, warmup=1)
+        runs = [demo.train(config, progress=False) for _ in range(repeats)]
+        reached = [next((e["step"] for e in run["evaluations"] if e["exact_match"] >= 0.99), None) for run in runs]
+        seconds = statistics.median(run["seconds"] for run in runs)
+        placement = "Pre-LN" if norm_first else "Post-LN"
+        steps_text = "not reached" if None in reached else f"{statistics.median(reached):.0f} steps"
+        rows.append(Row(f"`python -m autograde_tests.training{' --norm-first' if norm_first else ''}` ({placement}, "
+                        f"{config.steps} steps, {runs[0]['device']})",
+                        f"{seconds:.0f} s; 99% exact match after {steps_text}",
+                        "", f"final exact match {statistics.median(r['exact_match'] for r in runs):.1%}"))
+    return rows
+
+
 # -------------------------------------------------------------------------------- 5. builds, tests
 
 
@@ -201,7 +225,8 @@ def main(argv=None) -> None:
          lambda: autograding(repeats, chapters[:1] if args.smoke else chapters)),
         ("2. Class grading: students per minute", lambda: class_grading(repeats, 1 if args.smoke else 20)),
         ("3. The reference against PyTorch", lambda: reference_vs_torch(
-            repeats, *((2, 16, 64, [64, 128]) if args.smoke else (8, 128, 512, [128, 256, 512, 1024, 2048]))))
+            repeats, *((2, 16, 64, [64, 128]) if args.smoke else (8, 128, 512, [128, 256, 512, 1024, 2048])))),
+        ("4. Training the chapter-5 Transformer", lambda: training(repeats, 10 if args.smoke else None)),
     ]
     if args.builds:
         sections.append(("5. Building and testing the course", lambda: builds(repeats)))
