@@ -43,7 +43,8 @@ bench: venv
 	$(BIN)/python -m autograde_tests.bench $(ARGS)
 
 ## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN (a few minutes on a CPU); writes the
-## cached runs the book plots, book/_static/05_transformer/*.json.
+## cached runs the book plots, book/_static/05_transformer/*.json (then `make clean book` redraws the page:
+## the execution cache notices changed code, not changed data).
 train: venv
 	$(BIN)/python -m autograde_tests.training --out book/_static/05_transformer/post_ln.json
 	$(BIN)/python -m autograde_tests.training --norm-first --out book/_static/05_transformer/pre_ln.json

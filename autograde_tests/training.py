@@ -279,7 +279,7 @@ def record(model, config: Config, device, losses, evaluations, held_out, seconds
         "seconds": round(seconds, 1),
         "parameters": sum(p.numel() for p in model.parameters()),
         "loss_every": LOSS_EVERY,
-        "loss": [round(sum(window) / len(window), 4) for window in windows(losses, LOSS_EVERY)],
+        "loss": [float(f"{sum(window) / len(window):.3g}") for window in windows(losses, LOSS_EVERY)],
         "evaluations": evaluations,
         "exact_match": evaluations[-1]["exact_match"],
         "examples": [

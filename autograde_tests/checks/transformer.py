@@ -294,11 +294,10 @@ def _and(a, b):
     return a if b is None else a & b
 
 
-SWAPPED_LN = Mistake(
+SWAPPED_LN = (
     "Pre-LN and Post-LN swapped: norm_first=False (the paper's Post-LN) must compute norm(x + sublayer(x)), "
     "norm_first=True (Pre-LN) x + sublayer(norm(x))",
     "pass norm_first on to every SublayerConnection(d_model, dropout, norm_first).",
-    None,
 )
 
 ENCODER_MISTAKES = [
@@ -317,7 +316,7 @@ ENCODER_MISTAKES = [
         "hide padded keys from every query: padding_mask[:, None, None, :], shape (B, 1, 1, S).",
         lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, mask[:, None, :, None], nf),
     ),
-    Mistake(SWAPPED_LN.problem, SWAPPED_LN.hint, lambda layer, x, mask, nf: _encoder(layer, x, _keys(mask), not nf)),
+    Mistake(*SWAPPED_LN, lambda layer, x, mask, nf: _encoder(layer, x, _keys(mask), not nf)),
 ]
 
 
@@ -373,8 +372,7 @@ DECODER_MISTAKES = [
         ),
     ),
     Mistake(
-        SWAPPED_LN.problem,
-        SWAPPED_LN.hint,
+        *SWAPPED_LN,
         lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, _self_mask(tm, x.size(1)), _keys(mm), not nf),
     ),
 ]
