@@ -232,12 +232,13 @@ def main(argv=None) -> None:
         sections.append(("5. Building and testing the course", lambda: builds(repeats)))
     lines = ["# Benchmarks", "", f"Measured by `make bench` on {datetime.date.today()}, medians of {repeats} runs"
              f"{' (smoke run: tiny sizes)' if args.smoke else ''}, on:", "", *machine(), ""]
+    print("\n".join(lines), flush=True)
     for title, measure in sections:
-        print(f"measuring: {title}", flush=True)
-        lines += table(title, measure())
+        section = table(title, measure())
+        print("\n".join(section), flush=True)
+        lines += section
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
-    print("\n".join(lines))
 
 
 if __name__ == "__main__":
