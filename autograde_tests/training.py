@@ -18,13 +18,13 @@ import argparse
 import json
 import math
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from .reference import Transformer, greedy_decode, teacher_forcing_loss
 
@@ -193,29 +193,6 @@ def token_name(token: int) -> str:
 # ------------------------------------------------------------------------------------------ training
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr: step, bar, loss, speed (redrawn at most five times a second)."""
-
-    def __init__(self, total: int, width: int = 30, stream=sys.stderr):
-        self.total, self.width, self.stream = total, width, stream
-        self.start = self.last = time.perf_counter()
-
-    def update(self, step: int, loss: float, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not force and now - self.last < 0.2:
-            return
-        self.last = now
-        done = int(self.width * step / self.total)
-        rate = step / max(now - self.start, 1e-9)
-        bar = "#" * done + "." * (self.width - done)
-        self.stream.write(f"\rstep {step:>5}/{self.total} [{bar}] loss {loss:.4f}  {rate:5.1f} steps/s")
-        self.stream.flush()
-
-    def close(self, step: int, loss: float) -> None:
-        self.update(step, loss, force=True)
-        self.stream.write("\n")
-
-
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -241,7 +218,7 @@ def train(config: Config, progress: bool = True) -> dict:
     optimiser = torch.optim.Adam(model.parameters(), lr=config.lr, betas=(0.9, 0.98), eps=1e-9)
     held_out = held_out_set(config)
     batches = training_batches(config, held_out)
-    bar = ProgressBar(config.steps) if progress else None
+    bar = tqdm(total=config.steps, desc="training", unit="step", disable=not progress)
     losses, evaluations = [], []
     start = time.perf_counter()
     for step in range(config.steps):
@@ -255,13 +232,12 @@ def train(config: Config, progress: bool = True) -> dict:
             group["lr"] = learning_rate(config, step)
         optimiser.step()
         losses.append(loss.item())
-        if bar:
-            bar.update(step + 1, losses[-1])
+        bar.update()
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
         if (step + 1) % config.eval_every == 0 or step + 1 == config.steps:
             evaluations.append({"step": step + 1, "exact_match": exact_match(model, held_out, config.task, device)})
     seconds = time.perf_counter() - start
-    if bar:
-        bar.close(config.steps, losses[-1])
+    bar.close()
     return record(model, config, device, losses, evaluations, held_out, seconds)
 
 
