@@ -166,7 +166,8 @@ def training(repeats: int, steps: int | None) -> list[Row]:
     """The chapter-5 run (Post-LN and Pre-LN): wall time, and the first evaluation at 99% exact match."""
     from . import training as demo
 
-    rows = []
+    rows, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # as the training command does by default
     for norm_first in (False, True):
         config = demo.Config(norm_first=norm_first)
         if steps:  # the smoke run: a few steps on a small held-out set
@@ -180,6 +181,7 @@ def training(repeats: int, steps: int | None) -> list[Row]:
                         f"{config.steps} steps, {runs[0]['device']})",
                         f"{seconds:.0f} s; 99% exact match after {steps_text}",
                         "", f"final exact match {statistics.median(r['exact_match'] for r in runs):.1%}"))
+    torch.set_num_threads(threads)
     return rows
 
 
