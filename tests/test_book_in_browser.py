@@ -12,10 +12,10 @@ import pytest
 from autograde_tests import course
 
 from .browser import browser, serve
+from .conftest import SCREENSHOTS
 
 REPO = Path(__file__).resolve().parents[1]
 HTML = REPO / "_build" / "html"
-SCREENSHOTS = REPO / "_build" / "screenshots"
 # The theme logs this on a visitor's very first page view (no stored colour mode), then uses "auto".
 KNOWN_THEME_NOISE = "console error: Got invalid theme mode: . Resetting to auto."
 PAGES = sorted(p.name for p in HTML.glob("*.html") if p.name not in ("genindex.html", "search.html"))
@@ -71,7 +71,6 @@ def test_page_loads_offline_without_errors(site, name):
     if name[:2].isdigit():
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=SCREENSHOTS / f"{Path(name).stem}.png", full_page=True)
-        print(f"screenshot: {SCREENSHOTS / Path(name).stem}.png")
     page.close()
     problems = [p for p in problems if p != KNOWN_THEME_NOISE]
     assert not problems, f"{name}: " + "; ".join(problems)
