@@ -445,35 +445,26 @@ def _encoder_arguments(inputs):
 
 def check_encoder_layer(EncoderLayer, hidden: bool = False) -> None:
     """Check a learner's ``EncoderLayer(d_model, n_heads, d_ff, dropout=0.0, norm_first=False)``."""
-    name = "EncoderLayer"
-    cases = HIDDEN_LAYER if hidden else VISIBLE_LAYER
-    seed = 5200 if hidden else 520
-    count = 0
-    with strict_numerics(), one_thread():
-        for i, case in enumerate(cases):
-            count += _check_layer(
-                name, EncoderLayer, ref.EncoderLayer, case, seed + i, ENCODER_HINT, _encoder_arguments, ENCODER_MISTAKES
-            )
-        case = next(c for c in cases if c.padded)
-        module = construct(name, EncoderLayer, case.d_model, case.n_heads, case.d_ff, 0.0, case.norm_first).double()
-        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), _encoder_arguments(_layer_inputs(case, seed)))
-    passed(name, count)
+    _check_layer_class("EncoderLayer", EncoderLayer, ref.EncoderLayer, 5200 if hidden else 520, hidden,
+                       ENCODER_HINT, _encoder_arguments, ENCODER_MISTAKES)
 
 
 def check_decoder_layer(DecoderLayer, hidden: bool = False) -> None:
     """Check a learner's ``DecoderLayer(d_model, n_heads, d_ff, dropout=0.0, norm_first=False)``."""
-    name = "DecoderLayer"
+    _check_layer_class("DecoderLayer", DecoderLayer, ref.DecoderLayer, 5300 if hidden else 530, hidden,
+                       DECODER_HINT, tuple, DECODER_MISTAKES)
+
+
+def _check_layer_class(name, Layer, Reference, seed, hidden, hint, arguments, mistakes) -> None:
+    """Every case of ``_check_layer``, then the meta-device probe on a padded case."""
     cases = HIDDEN_LAYER if hidden else VISIBLE_LAYER
-    seed = 5300 if hidden else 530
     count = 0
     with strict_numerics(), one_thread():
         for i, case in enumerate(cases):
-            count += _check_layer(
-                name, DecoderLayer, ref.DecoderLayer, case, seed + i, DECODER_HINT, tuple, DECODER_MISTAKES
-            )
+            count += _check_layer(name, Layer, Reference, case, seed + i, hint, arguments, mistakes)
         case = next(c for c in cases if c.padded)
-        module = construct(name, DecoderLayer, case.d_model, case.n_heads, case.d_ff, 0.0, case.norm_first).double()
-        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), _layer_inputs(case, seed))
+        module = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, 0.0, case.norm_first).double()
+        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), arguments(_layer_inputs(case, seed)))
     passed(name, count)
 
 
