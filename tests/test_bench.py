@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from autograde_tests.bench import pytest_summary
+
 
 def test_bench_smoke_run_writes_every_figure(tmp_path):
     out = tmp_path / "benchmarks.md"
@@ -10,7 +12,8 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
-    for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training"):
+    for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
+                   "5. Building and testing"):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
 
@@ -18,3 +21,10 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
 def test_bench_refuses_fewer_than_three_repeats():
     run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--repeats", "2"], capture_output=True, text=True)
     assert run.returncode == 2 and "at least 3" in run.stderr
+
+
+def test_pytest_summary_keeps_the_counts_of_the_last_line():
+    output = "tests/test_a.py ....\n===== 718 passed, 2 skipped, 1 warning in 990.12s (0:16:30) =====\n"
+    assert pytest_summary(output) == "718 passed, 2 skipped"
+    assert pytest_summary("= 1 failed, 3 passed in 2s =") == "1 failed, 3 passed"
+    assert pytest_summary("make: *** [test] Error 2") == "no summary"
