@@ -1,10 +1,11 @@
 """``make bench``: the course's speed, measured side by side with PyTorch and with the floor.
 
 Every figure is run ``--repeats`` times (at least 3) and reported as a median; every comparison is a
-ratio of two medians measured in the same run, on the same machine. The Markdown table goes to
-``book/benchmarks.md`` (an appendix page of the book) with a description of the machine it came from,
-rewritten after every figure so that a run cut short keeps what it measured.
-``--smoke`` runs tiny sizes once, for the test suite, and writes where ``--out`` says.
+ratio of two medians measured in the same run, on the same machine. The Markdown tables, with a
+description of the machine they came from, go to ``book/benchmarks_measured.md``, which the book's
+appendix page ``book/benchmarks.md`` includes; the file is rewritten after every figure so that a run
+cut short keeps what it measured. ``--smoke`` runs tiny sizes once, for the test suite, and writes
+where ``--out`` says.
 """
 
 import argparse
@@ -246,7 +247,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
-    parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks.md")
+    parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
     args = parser.parse_args(argv)
     if args.repeats < (1 if args.smoke else 3):
         parser.error("--repeats must be at least 3 (medians of fewer runs are noise)")
@@ -274,11 +275,7 @@ def main(argv=None) -> None:
 
 def header(repeats: int, smoke: bool) -> list[str]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return ["# Benchmarks", "",
-            "How fast the course's pieces run, and how that compares with PyTorch's own modules and with the least "
-            "any autograded notebook can cost. `make bench` writes this page; on another machine the numbers differ, "
-            "the ratios much less. A ratio is *measured / against*, both medians from the same run.", "",
-            f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
+    return [f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
             f"{' (smoke run: tiny sizes)' if smoke else ''}, on:", "", *machine(), ""]
 
 

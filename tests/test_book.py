@@ -46,6 +46,14 @@ def test_introduction_covers_history_and_the_three_axes(html):
         assert fact in text
 
 
+def test_benchmarks_appendix_includes_every_figure_measured(html):
+    text = (html / "benchmarks.html").read_text()
+    for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
+                   "5. Building and testing"):
+        assert figure in text, f"benchmarks.html has no table for figure '{figure}'"
+    assert "the floor" in text and "medians of" in text and "CPU:" in text and "students/min" in text
+
+
 @pytest.mark.parametrize("chapter", course.chapters(REPO))
 def test_chapter_page_has_the_course_structure(html, chapter):
     """Goals, prerequisites and time up front; the notebook to download; hints folded; a summary and questions."""
