@@ -18,6 +18,7 @@ from torch import nn
 from ..reference import attention_variants as ref
 from .harness import (
     DTYPES,
+    ON_A_FIXED_DEVICE,
     Inputs,
     Mistake,
     call,
@@ -35,18 +36,7 @@ from .harness import (
 )
 from .multi_head_attention import draw_parameters
 
-ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inputs are on a GPU"
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
-
-
-def _call(name: str, fn, *args, **kwargs):
-    """``harness.call``, naming the mistake when the error is a clash between devices."""
-    try:
-        return call(name, fn, *args, **kwargs)
-    except AssertionError as error:
-        if "same device" in str(error) or "expected device" in str(error):
-            fail(name, f"{ON_A_FIXED_DEVICE}: {str(error).removeprefix(f'{name}: ')}", FIXED_DEVICE)
-        raise
 
 
 def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> None:
@@ -108,15 +98,15 @@ def check_causal_mask(causal_mask, hidden: bool = False) -> None:
     count = 0
     for device in devices():
         for size in sizes:
-            out = _call(name, causal_mask, size, device=device)
+            out = call(name, causal_mask, size, device=device)
             _expect_bool_mask(name, out, (size, size), device)
             expected = ref.causal_mask(size)
             if not torch.equal(out.cpu(), expected):
                 candidates = ((m, m.compute(size)) for m in CAUSAL_MISTAKES)
                 _name_the_mask_mistake(name, out, expected, candidates, f"causal_mask({size})")
             count += 1
-    _expect_bool_mask(name, _call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
-    meta = _call(name, causal_mask, 3, device=torch.device("meta"))
+    _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
+    meta = call(name, causal_mask, 3, device=torch.device("meta"))
     if not isinstance(meta, torch.Tensor) or meta.device.type != "meta":
         fail(name, f"ignores its device argument: it {ON_A_FIXED_DEVICE}", "pass device=device to the tensor you create.")
     passed(name, count, dtypes=(torch.bool,))
@@ -150,7 +140,7 @@ def check_padding_mask(padding_mask, hidden: bool = False) -> None:
         for values, max_len in cases:
             lengths = torch.tensor(values, device=device)
             before = lengths.clone()
-            out = _call(name, padding_mask, lengths) if max_len is None else _call(name, padding_mask, lengths, max_len)
+            out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
             width = max(values) if max_len is None else max_len
             narrow = (len(values), max(values))
             if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
@@ -362,7 +352,7 @@ def _forward(variant: Variant, module, x, memory, pm):
     """Call the module as the contract says: (x, padding_mask=...) or (x, memory, memory_padding_mask=...)."""
     args = (x, memory) if variant.cross else (x,)
     kwargs = {} if pm is None else {("memory_padding_mask" if variant.cross else "padding_mask"): pm}
-    return _call(variant.name, module, *args, **kwargs)
+    return call(variant.name, module, *args, **kwargs)
 
 
 def _check_variant(variant: Variant, cls, hidden: bool) -> None:

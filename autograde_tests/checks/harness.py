@@ -58,6 +58,10 @@ class Inputs:
         return torch.rand(shape, generator=self.generator, dtype=torch.float64) < p
 
 
+ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inputs are on a GPU"
+FIXED_DEVICE_HINT = "create tensors (masks too) with device=<input>.device (or use torch.zeros_like / full_like / where)."
+
+
 def fail(name: str, problem: str, hint: str | None = None) -> None:
     message = f"{name}: {problem}"
     if hint:
@@ -73,6 +77,8 @@ def call(name: str, fn: Callable, *args, **kwargs):
         fail(name, "is not written yet", "replace `raise NotImplementedError()` with your code.")
     except Exception as exc:  # the learner's code may raise anything
         shapes = ", ".join(describe(a) for a in args)
+        if "same device" in str(exc) or "expected device" in str(exc):
+            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT)
         fail(name, f"raised {type(exc).__name__}: {exc}\n  when called with ({shapes})")
 
 
@@ -235,7 +241,6 @@ def expect_device_agnostic(name: str, fn: Callable, args: tuple) -> None:
     values (``.item()``, ``.tolist()``, ``if x.any():``) cannot run on meta tensors; that is allowed,
     so only a device clash, or a result left on another device, fails.
     """
-    hint = "create tensors with device=<input>.device (or use torch.zeros_like / full_like / where)."
     meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
     called: set[str] = set()
     try:
@@ -245,11 +250,11 @@ def expect_device_agnostic(name: str, fn: Callable, args: tuple) -> None:
         text = str(exc)
         copied_into_fixed_device = "copy out of meta" in text and not called & READS_VALUES
         if "expected device" in text or copied_into_fixed_device:
-            fail(name, f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU ({text})", hint)
+            fail(name, f"{ON_A_FIXED_DEVICE} ({text})", FIXED_DEVICE_HINT)
         return
     results = result if isinstance(result, tuple) else (result,)
     if any(isinstance(r, torch.Tensor) and r.device.type != "meta" for r in results):
-        fail(name, "returns a tensor on a fixed device instead of the inputs' device", hint)
+        fail(name, "returns a tensor on a fixed device instead of the inputs' device", FIXED_DEVICE_HINT)
 
 
 def passed(name: str, cases: int, dtypes=DTYPES) -> None:

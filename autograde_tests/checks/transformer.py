@@ -111,21 +111,6 @@ def _candidates(mistakes: list[Mistake], *args):
         yield mistake, result
 
 
-def call_on_device(name: str, fn: Callable, *args):
-    """``harness.call``, naming a tensor made on a fixed device when a GPU case meets one."""
-    try:
-        return call(name, fn, *args)
-    except AssertionError as error:
-        if "same device" in str(error):
-            fail(
-                name,
-                f"makes a tensor on a fixed device, which breaks when the inputs are on a GPU "
-                f"({str(error).removeprefix(name + ': ')})",
-                "create tensors (masks too) with device=<input>.device, e.g. causal_mask(T, device=x.device).",
-            )
-        raise
-
-
 def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
     """Lengths in 1 .. length, the first one full: padding happens and no sequence is empty."""
     lengths = torch.randint(1, length + 1, (batch,), generator=draw.generator)
@@ -425,10 +410,10 @@ def _check_layer(name, Layer, reference_cls, case: LayerCase, seed: int, hint: s
             args = _to(args64, device, dtype)
             before = {f"argument {i}": (t, t.clone()) for i, t in enumerate(args) if t is not None}
             with torch.no_grad():
-                out = call_on_device(name, learner, *_strip(args))
+                out = call(name, learner, *_strip(args))
                 expect_tensor(name, "the output", out, expected.shape, like=args[0])
                 expect_unchanged(name, before)
-                if not close(call_on_device(name, learner, *_strip(args)), out):
+                if not close(call(name, learner, *_strip(args)), out):
                     fail(name, *DROPOUT_IN_EVAL)
             if not close(out, expected):
                 placement = "Pre-LN" if case.norm_first else "Post-LN"
@@ -715,7 +700,7 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
     like = torch.empty(0, dtype=dtype, device=device)
     with torch.no_grad():
         memory64 = reference.encode(src64, src_mask64)
-        memory = call_on_device(f"{name}.encode", model.encode, src, src_mask)
+        memory = call(f"{name}.encode", model.encode, src, src_mask)
         expect_tensor(f"{name}.encode", "the memory", memory, memory64.shape, like=like)
         if not close(memory, memory64):
             candidates = _candidates(ENCODE_MISTAKES, reference, src64, src_mask64)
@@ -723,7 +708,7 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
 
         logits64 = reference.decode(tgt64, memory64, tgt_mask64, src_mask64)
         memory = memory64.to(device=device, dtype=dtype)
-        logits = call_on_device(f"{name}.decode", model.decode, tgt, memory, tgt_mask, src_mask)
+        logits = call(f"{name}.decode", model.decode, tgt, memory, tgt_mask, src_mask)
         if isinstance(logits, torch.Tensor) and tuple(logits.shape) == (B, T, reference.d_model) and V != reference.d_model:
             fail(
                 f"{name}.decode",
@@ -737,7 +722,7 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
 
         before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
         try:
-            logits = call_on_device(name, model, src, tgt, src_mask, tgt_mask)
+            logits = call(name, model, src, tgt, src_mask, tgt_mask)
         except AssertionError as error:
             if "fixed device" in str(error):
                 raise
@@ -943,7 +928,7 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
                     model = copy.deepcopy(reference).to(device=device, dtype=dtype)
                     src, tgt = src64.to(device), tgt64.to(device)
                     before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
-                    loss = call_on_device(name, teacher_forcing_loss, model, src, tgt, PAD)
+                    loss = call(name, teacher_forcing_loss, model, src, tgt, PAD)
                     expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
                     expect_unchanged(name, before)
                     if not loss.requires_grad:
@@ -1055,7 +1040,7 @@ def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
                 model = copy.deepcopy(reference).to(device)
                 src, mask = src64.to(device), mask64.to(device)
                 before = {"src": (src, src.clone())}
-                out = call_on_device(name, greedy_decode, model, src, case.max_len, case.bos, case.eos, mask)
+                out = call(name, greedy_decode, model, src, case.max_len, case.bos, case.eos, mask)
                 expect_unchanged(name, before)
                 _expect_decoded(name, out, expected, case, device, reference, src64, mask64)
                 count += 1
