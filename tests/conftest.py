@@ -1,8 +1,42 @@
-"""Say where the browser test left its screenshots, after pytest's own summary."""
+"""Shared by the suite: the check tests' two sides, and the browser tests' screenshot note.
+
+A check test runs once with the learner's object in this process, as in JupyterLab, and once
+"through the wire": the object sits behind an agent and the check meets only a proxy, as in a graded
+run. Both must give the same verdict and the same message.
+"""
 
 from pathlib import Path
 
+import pytest
+
+from autograde_tests.reference import hidden_in_grading
+from autograde_tests.remote.proxy import Loopback
+
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
+CHECK_TESTS = "_checks"
+
+
+@pytest.fixture(params=["in-process", "through-the-wire"])
+def learner_side(request, monkeypatch):
+    """Through the wire, each ``check_*`` the test module imported gets a proxy of the learner's object.
+
+    A check test module asks for it with ``pytestmark = pytest.mark.usefixtures("learner_side")``.
+    """
+    if request.param == "through-the-wire":
+        chapter = request.module.__name__.split(".")[-1].removeprefix("test_").removesuffix(CHECK_TESTS)
+        hidden = frozenset(f"autograde_tests.{package}.{module}"
+                           for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
+        for name, check in list(vars(request.module).items()):
+            if name.startswith("check_") and callable(check):
+                monkeypatch.setattr(request.module, name, _through_the_wire(check, hidden))
+    return request.param
+
+
+def _through_the_wire(check, hidden: frozenset[str]):
+    def wrapped(learner, *args, **kwargs):
+        return check(Loopback(hidden).expose("learner", learner), *args, **kwargs)
+
+    return wrapped
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -15,6 +15,8 @@ from autograde_tests.checks.attention import VISIBLE_ATTENTION
 from autograde_tests.reference import scaled_dot_product_attention as reference_attention
 from autograde_tests.reference import softmax as reference_softmax
 
+pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
 # ------------------------------------------------------------------------------ softmax: correct
 
 
@@ -290,6 +292,7 @@ def attention_returns_output_only(q, k, v, mask=None):
         (attention_returns_output_only, r"should return a tuple \(output, weights\)"),
     ],
 )
+
 def test_attention_check_names_the_mistake(attention, message):
     with pytest.raises(AssertionError, match=message):
         check_scaled_dot_product_attention(attention)

@@ -16,6 +16,8 @@ from autograde_tests.checks.multi_head_attention import VISIBLE_MHA
 from autograde_tests.reference import MultiHeadAttention as ReferenceMHA
 from autograde_tests.reference import scaled_dot_product_attention
 
+pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
 # ---------------------------------------------------------------------------- split and merge: correct
 
 
@@ -353,6 +355,7 @@ class DefaultBiasTrue(TextbookMHA):
         (AlwaysSelfAttention, r"the keys came from x instead of y"),
     ],
 )
+
 def test_mha_check_names_the_mistake(module, message):
     with pytest.raises(AssertionError, match=message):
         check_multi_head_attention(module)

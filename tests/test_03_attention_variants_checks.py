@@ -27,6 +27,8 @@ from autograde_tests.reference import (
     padding_mask,
 )
 
+pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
 # -------------------------------------------------------------------------------- causal_mask
 
 
@@ -258,6 +260,7 @@ def test_self_attention_check_passes_correct_variants(module, hidden, capsys):
 @pytest.mark.parametrize(
     "module", [CausalWithReferenceMask, CausalLogicalAnd, CausalHideByIndexing, CausalSelfAttention]
 )
+
 @pytest.mark.parametrize("hidden", [False, True])
 def test_causal_self_attention_check_passes_correct_variants(module, hidden, capsys):
     check_causal_self_attention(module, hidden=hidden)

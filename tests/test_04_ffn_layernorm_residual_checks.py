@@ -21,6 +21,8 @@ from autograde_tests.reference import PositionwiseFeedForward as ReferenceFFN
 from autograde_tests.reference import SublayerConnection as ReferenceSublayerConnection
 from autograde_tests.reference import ffn_as_conv1d as reference_ffn_as_conv1d
 
+pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
 
 def both(check, answer, message):
     """The visible and the hidden check both fail ``answer`` with ``message``."""
@@ -708,6 +710,7 @@ class DropoutTwice(ReferenceSublayerConnection):
         (DropoutTwice, r"either dropped or scaled by 1/\(1 - p\)"),
     ],
 )
+
 def test_sublayer_connection_check_names_the_mistake(connection, message):
     both(check_sublayer_connection, connection, message)
 

@@ -29,6 +29,8 @@ from autograde_tests.checks.transformer import (
     decoding_model,
 )
 
+pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
@@ -772,6 +774,7 @@ def greedy_hard_coded_ids(model, src, max_len, bos_id, eos_id, src_padding_mask=
         (greedy_hard_coded_ids, r"does not start with bos_id=4", True),
     ],
 )
+
 def test_greedy_decode_check_names_the_mistake(greedy_decode, message, hidden):
     with pytest.raises(AssertionError, match=message):
         check_greedy_decode(greedy_decode, hidden=hidden)

@@ -2,36 +2,20 @@
 
 Each raises AssertionError with a message a learner can act on, and prints a pass line only when
 every case passed. ``hidden=True`` is what nbgrader runs at grading time: other seeds, other shapes.
+Each check is imported from its chapter's module when first used (as in ``autograde_tests.reference``),
+so the harness imports in a graded kernel that lacks the graded chapter's reference.
 """
 
-from .attention import check_scaled_dot_product_attention, check_softmax
-from .attention_variants import (
-    check_causal_mask,
-    check_causal_self_attention,
-    check_cross_attention,
-    check_padding_mask,
-    check_self_attention,
-)
-from .multi_head_attention import check_merge_heads, check_multi_head_attention, check_split_heads
-from .ffn_layernorm_residual import (
-    check_ffn_as_conv1d,
-    check_layer_norm,
-    check_positionwise_feed_forward,
-    check_sublayer_connection,
-)
-from .transformer import (
-    check_decoder_layer,
-    check_encoder_layer,
-    check_greedy_decode,
-    check_positional_encoding,
-    check_teacher_forcing_loss,
-    check_transformer,
-)
+from ..lazy import exports
 
-__all__ = ["check_softmax", "check_scaled_dot_product_attention"]
-__all__ += ["check_split_heads", "check_merge_heads", "check_multi_head_attention"]
-__all__ += ["check_causal_mask", "check_padding_mask", "check_self_attention", "check_causal_self_attention"]
-__all__ += ["check_cross_attention"]
-__all__ += ["check_positionwise_feed_forward", "check_ffn_as_conv1d", "check_layer_norm", "check_sublayer_connection"]
-__all__ += ["check_positional_encoding", "check_encoder_layer", "check_decoder_layer", "check_transformer"]
-__all__ += ["check_teacher_forcing_loss", "check_greedy_decode"]
+CHAPTER_CHECKS = {
+    "attention": ["check_softmax", "check_scaled_dot_product_attention"],
+    "multi_head_attention": ["check_split_heads", "check_merge_heads", "check_multi_head_attention"],
+    "attention_variants": ["check_causal_mask", "check_padding_mask", "check_self_attention",
+                           "check_causal_self_attention", "check_cross_attention"],
+    "ffn_layernorm_residual": ["check_positionwise_feed_forward", "check_ffn_as_conv1d", "check_layer_norm",
+                               "check_sublayer_connection"],
+    "transformer": ["check_positional_encoding", "check_encoder_layer", "check_decoder_layer", "check_transformer",
+                    "check_teacher_forcing_loss", "check_greedy_decode"],
+}
+__all__, __getattr__ = exports(__name__, CHAPTER_CHECKS)

@@ -13,7 +13,6 @@ checks test what each variant promises, on the learner's own outputs:
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ..reference import attention_variants as ref
 from .harness import (
@@ -30,9 +29,11 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    is_module,
     largest_error,
     passed,
     strict_numerics,
+    type_name,
 )
 from .multi_head_attention import draw_parameters
 
@@ -41,7 +42,7 @@ FIXED_DEVICE = "create it with device=... (the device argument, or the device of
 
 def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> None:
     if type(out) is not torch.Tensor:
-        fail(name, f"should return a torch.Tensor, got {type(out).__name__}")
+        fail(name, f"should return a torch.Tensor, got {type_name(out)}")
     if out.dtype != torch.bool:
         fail(
             name,
@@ -365,7 +366,7 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
             reference = draw_parameters(variant.reference(case.d_model, case.n_heads), Inputs(seed + i + 500))
             reference = reference.double().eval()
             learner = construct(name, cls, case.d_model, case.n_heads)
-            if not isinstance(getattr(learner, "attn", None), nn.Module):
+            if not is_module(getattr(learner, "attn", None)):
                 fail(name, "has no attribute `attn`", HOLD_ATTN)
             inputs64 = _inputs(variant, case, seed + i)
             expected = _forward(variant, reference, *inputs64)

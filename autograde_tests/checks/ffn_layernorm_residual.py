@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
-from ..reference import attention as ref_attention
 from ..reference import ffn_layernorm_residual as ref
+from . import beside
 from .harness import (
     DTYPES,
     Inputs,
@@ -30,10 +29,16 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    is_a,
+    is_module,
     largest_error,
+    learner_step,
+    make_beside,
     name_the_mistake,
     passed,
+    run_beside,
     strict_numerics,
+    type_name,
 )
 
 DROPOUT_IN_EVAL = (
@@ -238,27 +243,17 @@ CONV_MISTAKES = [
 ]
 
 
-class _LinearCalls(TorchFunctionMode):
-    """Counts calls of F.linear (which every nn.Linear makes)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") == "linear":
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _conv_from_the_learner(name, ffn_as_conv1d, ffn) -> nn.Module:
-    before = copy.deepcopy(ffn.state_dict())
+def _conv_from_the_learner(name, ffn_as_conv1d, ffn64: ref.PositionwiseFeedForward) -> nn.Module:
+    """The learner's convolutions, built from the weights of ``ffn64`` (handed over in float32, as a
+    learner's FFN would be: its weights are exact in float32 and float64 alike)."""
+    before = {k: v.float() for k, v in ffn64.state_dict().items()}
+    ffn = make_beside(ffn_as_conv1d, beside.ffn_weights, before)
     conv = call(name, ffn_as_conv1d, ffn)
-    if not isinstance(conv, nn.Module):
-        fail(name, f"should return an nn.Module, got {type(conv).__name__}")
+    if not is_module(conv):
+        fail(name, f"should return an nn.Module, got {type_name(conv)}")
     if any(not torch.equal(before[k], v) for k, v in ffn.state_dict().items()):
         fail(name, "modified the weights of the ffn it was given", "copy the weights into the convolutions; leave ffn alone.")
-    layers = [m for m in conv.modules() if isinstance(m, nn.Conv1d)]
+    layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
     if not layers:
         fail(name, "the module it returns has no nn.Conv1d layer", "build it from nn.Conv1d(..., kernel_size=1) layers.")
     for layer in layers:
@@ -268,39 +263,26 @@ def _conv_from_the_learner(name, ffn_as_conv1d, ffn) -> nn.Module:
                 f"uses nn.Conv1d with kernel_size={layer.kernel_size[0]}, which mixes neighbouring positions",
                 "a position-wise FFN is a 1x1 convolution: kernel_size=1.",
             )
-    if any(isinstance(m, nn.Linear) for m in conv.modules()):
+    if any(is_a(m, nn.Linear) for m in conv.modules()):
         fail(name, "the module it returns still contains nn.Linear layers", "build it from nn.Conv1d layers only.")
     return conv.eval()
 
 
 def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> None:
-    calls: dict[str, int] = {}
-    hooks = [
-        m.register_forward_hook(lambda module, args, out, key=key: calls.__setitem__(key, calls.get(key, 0) + 1))
-        for key, m in conv.named_modules()
-        if isinstance(m, nn.Conv1d)
-    ]
-    keys = [key for key, m in conv.named_modules() if isinstance(m, nn.Conv1d)]
-    try:
-        with _LinearCalls() as linear:
-            call(name, conv, x)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    unused = [key for key in keys if key not in calls]
-    if unused:
+    calls = learner_step(name, lambda: run_beside(beside.convolution_calls, conv, x), (x,))
+    if calls["unused"]:
         fail(
             name,
-            f"the nn.Conv1d layer {', '.join(unused)} is never called when the module runs",
+            f"the nn.Conv1d layer {', '.join(calls['unused'])} is never called when the module runs",
             "call the layers themselves in forward (self.conv1(x)), not F.conv1d or a matmul on their weights.",
         )
-    if linear.count:
+    if calls["linear"]:
         fail(name, "the module it returns calls F.linear", "compute the FFN with the nn.Conv1d layers only.")
 
 
 def _reference_ffn_float32(case: ConvCase, seed: int) -> ref.PositionwiseFeedForward:
-    """A float32 CPU FFN, as a learner's would be: its weights are exact in float32 and float64 alike."""
-    return _randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).eval()
+    """A float64 FFN whose weights are exact in float32 too (drawn in float32)."""
+    return _randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).double().eval()
 
 
 def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
@@ -311,9 +293,8 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
     with strict_numerics():
         count = 0
         for i, case in enumerate(cases):
-            ffn = _reference_ffn_float32(case, seed + i)
-            conv = _conv_from_the_learner(name, ffn_as_conv1d, ffn)
-            ffn64 = copy.deepcopy(ffn).double()
+            ffn64 = _reference_ffn_float32(case, seed + i)
+            conv = _conv_from_the_learner(name, ffn_as_conv1d, ffn64)
             x64 = Inputs(seed + i).randn(case.batch, case.length, case.d_model)
             with torch.no_grad():
                 expected = ffn64(x64)
@@ -337,7 +318,7 @@ def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
     for mistake, result in _candidates(CONV_MISTAKES, x64, ffn64):
         if isinstance(result, torch.Tensor) and close(out, result):
             fail(name, mistake.problem, mistake.hint)
-    layers = [m for m in conv.modules() if isinstance(m, nn.Conv1d)]
+    layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
     for linear, which in ((ffn64.linear1, "linear1"), (ffn64.linear2, "linear2")):
         weight = linear.weight.unsqueeze(-1)  # (out, in, 1): a Linear weight as a 1x1 kernel
         match = [m for m in layers if tuple(m.weight.shape) == tuple(weight.shape)]
@@ -467,8 +448,8 @@ def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
     module = construct(name, LayerNorm, d_model) if case.eps is None else construct(name, LayerNorm, d_model, eps=case.eps)
     for param in ("weight", "bias"):
         value = getattr(module, param, None)
-        if not isinstance(value, nn.Parameter):
-            what = "is missing" if value is None else f"is a {type(value).__name__}, not an nn.Parameter"
+        if not is_a(value, nn.Parameter):
+            what = "is missing" if value is None else f"is a {type_name(value)}, not an nn.Parameter"
             fail(name, f"no learnable weight and bias: `self.{param}` {what}", NO_PARAMETERS_HINT)
     return module
 
@@ -520,19 +501,18 @@ def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, seed: int
     expected = {"x": x_ref.grad, "weight": reference.weight.grad, "bias": reference.bias.grad}
 
     module = _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype)
-    x = x64.to(device=device, dtype=dtype).requires_grad_()
-    out = call(name, module, x)
-    try:
-        (out * upstream.to(device=device, dtype=dtype)).sum().backward()
-    except RuntimeError as exc:
+    x = x64.to(device=device, dtype=dtype)
+    upstream = upstream.to(device=device, dtype=dtype)
+    actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, upstream, ["weight", "bias"]), (x,))
+    if "error" in actual:
         fail(
             name,
-            f"the output is not connected to the autograd graph, so nothing can learn through it ({exc})",
+            f"the output is not connected to the autograd graph, so nothing can learn through it ({actual['error']})",
             "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.",
         )
-    actual = {"x": x.grad, "weight": module.weight.grad, "bias": module.bias.grad}
-    for what, grad in actual.items():
-        if grad is None:
+    for what in expected:
+        grad = actual.get(what)
+        if not isinstance(grad, torch.Tensor):
             fail(
                 name,
                 f"no gradient reaches `{what}`",
@@ -628,24 +608,15 @@ SUBLAYER_MISTAKES = [
 ]
 
 
-class _CountedSublayer:
-    """The sublayer the learner did not write, counting its calls."""
-
-    def __init__(self, fn: Callable):
-        self.fn = fn
-        self.calls = 0
-
-    def __call__(self, h):
-        self.calls += 1
-        return self.fn(h)
-
-
 def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=torch.float64) -> Callable:
+    """The sublayer the learner did not write: self-attention with no parameters, or a random FFN."""
     if case.sublayer == "attention":
-        return lambda h: ref_attention.scaled_dot_product_attention(h, h, h)[0]
-    ffn = ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double()
-    ffn = _randomise(ffn, Inputs(seed + 600)).eval()
-    return ffn.to(device=device, dtype=dtype)
+        return beside.attention_sublayer
+    ffn = _randomise(ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double(), Inputs(seed + 600))
+    state = ffn.state_dict()
+    layers = beside.ffn_sublayer({"0.weight": state["linear1.weight"], "0.bias": state["linear1.bias"],
+                                  "2.weight": state["linear2.weight"], "2.bias": state["linear2.bias"]})
+    return layers.to(device=device, dtype=dtype)
 
 
 def _reference_norm(case: SublayerCase, seed: int) -> ref.LayerNorm:
@@ -657,12 +628,15 @@ def _sublayer_input(case: SublayerCase, seed: int) -> torch.Tensor:
 
 
 def _sublayer_connection(name, SublayerConnection, case: SublayerCase, seed, device, dtype, dropout=None):
-    """The learner's module with the reference LayerNorm (random weights) swapped into ``self.norm``."""
+    """The learner's module with a known LayerNorm swapped into ``self.norm``: PyTorch's, with the
+    reference's random weights (the learner's own LayerNorm is graded on its own)."""
     p = case.dropout if dropout is None else dropout
     module = construct(name, SublayerConnection, case.d_model, dropout=p, norm_first=case.norm_first)
-    if not isinstance(getattr(module, "norm", None), nn.Module):
+    if not is_module(getattr(module, "norm", None)):
         fail(name, "has no LayerNorm module `self.norm`", NORM_HINT)
-    module.norm = _reference_norm(case, seed)
+    norm = nn.LayerNorm(case.d_model, dtype=torch.float64)
+    norm.load_state_dict(_reference_norm(case, seed).state_dict())
+    module.norm = norm
     return module.to(device=device, dtype=dtype)
 
 
@@ -681,8 +655,8 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
             for i, case in enumerate(cases[:2]):  # one Post-LN and one Pre-LN case, in training mode
                 _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, seed + i, device)
         module = _sublayer_connection(name, SublayerConnection, cases[0], seed, torch.device("cpu"), torch.float64)
-        sublayer = _module_on_meta(_sublayer(cases[0], seed))
-        expect_device_agnostic(name, lambda x: _module_on_meta(module)(x, sublayer), (_sublayer_input(cases[0], seed),))
+        sublayer = _sublayer(cases[0], seed, torch.device("meta"))
+        expect_device_agnostic(name, _module_on_meta(module), (_sublayer_input(cases[0], seed), sublayer))
     passed(name, count)
 
 
@@ -691,7 +665,7 @@ def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int
     x64 = _sublayer_input(case, seed)
     x = x64.to(device=device, dtype=dtype)
     before = x.clone()
-    sublayer = _CountedSublayer(_sublayer(case, seed, device, dtype))
+    sublayer = make_beside(module, beside.CountedSublayer, _sublayer(case, seed, device, dtype))
     out = call(name, module, x, sublayer)
     if sublayer.calls != 1:
         fail(

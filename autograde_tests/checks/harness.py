@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..remote.proxy import RemoteError, is_a, is_module, make_beside, run_beside, static_names, type_name
+from .beside import operators_used, run_on_meta
 
 # The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
 # a learner's result in dtype d must agree to TOLERANCE[d]. The float32 bounds allow for a different
@@ -71,27 +72,40 @@ def fail(name: str, problem: str, hint: str | None = None) -> None:
 
 def call(name: str, fn: Callable, *args, **kwargs):
     """Call the learner's function; an exception becomes a failure that says with what it was called."""
+    return learner_step(name, lambda: fn(*args, **kwargs), args)
+
+
+def learner_step(name: str, step: Callable, shown: tuple):
+    """Run ``step``, which runs the learner's code on ``shown``; an exception becomes a failure."""
     try:
-        return fn(*args, **kwargs)
+        return step()
     except NotImplementedError:
         fail(name, "is not written yet", "replace `raise NotImplementedError()` with your code.")
     except Exception as exc:  # the learner's code may raise anything
-        shapes = ", ".join(describe(a) for a in args)
+        shapes = ", ".join(describe(a) for a in shown)
         if "same device" in str(exc) or "expected device" in str(exc):
             fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT)
-        fail(name, f"raised {type(exc).__name__}: {exc}\n  when called with ({shapes})")
+        fail(name, f"raised {exception_name(exc)}: {exc}\n  when called with ({shapes})")
+
+
+def exception_name(exc: BaseException) -> str:
+    """The class name of an exception the learner's code raised, wherever it ran."""
+    return exc.type_name if isinstance(exc, RemoteError) else type(exc).__name__
 
 
 def describe(x) -> str:
+    """A short description for a message: shape, dtype and device of a tensor, a short repr, or a class name."""
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {tuple(x.shape)}, {str(x.dtype).removeprefix('torch.')}, on {x.device.type}"
-    return repr(x)
+    if x is None or isinstance(x, (bool, int, float)) or (isinstance(x, str) and len(x) <= 40):
+        return repr(x)
+    return type_name(x)
 
 
 def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> None:
     """``x`` must be a plain tensor (no subclass) of ``shape`` with the dtype and device of ``like``."""
     if type(x) is not torch.Tensor:
-        fail(name, f"{what} should be a torch.Tensor, got {type(x).__name__}")
+        fail(name, f"{what} should be a torch.Tensor, got {type_name(x)}")
     if tuple(x.shape) != tuple(shape):
         fail(name, f"{what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
     if x.dtype != like.dtype:
@@ -163,8 +177,8 @@ def name_the_mistake(
 def construct(name: str, cls: type, *args, **kwargs) -> nn.Module:
     """Build the learner's module, in eval mode (graded checks never see dropout)."""
     module = call(name, cls, *args, **kwargs)
-    if not isinstance(module, nn.Module):
-        fail(name, f"should be an nn.Module, got {type(module).__name__}")
+    if not is_module(module):
+        fail(name, f"should be an nn.Module, got {type_name(module)}")
     return module.eval()
 
 
@@ -187,41 +201,17 @@ def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str)
     learner.load_state_dict(want)
 
 
-class _CalledFunctions(TorchFunctionMode):
-    """Records the torch functions a call makes (F.scaled_dot_product_attention, torch.softmax, ...)."""
-
-    def __init__(self, names: set[str]):
-        super().__init__()
-        self.names = names
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.add(getattr(func, "__name__", str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-class _RunOperators(TorchDispatchMode):
-    """Records the ATen operators a call runs: an alias or a wrapper cannot hide a built-in softmax."""
-
-    def __init__(self, names: set[str]):
-        super().__init__()
-        self.names = names
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.add(func.name())
-        return func(*args, **(kwargs or {}))
-
-
 def forbid_ops(name: str, fn: Callable, args: tuple, forbidden: Mapping[str, str]) -> None:
     """Fail if calling ``fn(*args)`` uses a torch function or ATen operator named like a key of ``forbidden``.
 
     ``forbidden`` maps a fragment of a function or operator name to what the learner called, for the
-    message; the first fragment found is reported.
+    message; the first fragment found is reported. In a graded run the grader also reads the learner's
+    source (``static_names``), since a kernel could hide what it ran.
     """
-    names: set[str] = set()
-    with _CalledFunctions(names), _RunOperators(names):
-        call(name, fn, *args)
+    names = set(learner_step(name, lambda: run_beside(operators_used, fn, args), args))
+    names |= static_names(fn)
     for fragment, what in forbidden.items():
-        used = sorted(op for op in names if fragment in op)
+        used = sorted(op for op in names if isinstance(op, str) and fragment in op)
         if used:
             fail(
                 name,
@@ -234,26 +224,23 @@ def forbid_ops(name: str, fn: Callable, args: tuple, forbidden: Mapping[str, str
 READS_VALUES = {"tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"}
 
 
-def expect_device_agnostic(name: str, fn: Callable, args: tuple) -> None:
+def expect_device_agnostic(name: str, fn: Callable, args: tuple, kwargs: dict | None = None) -> None:
     """Run ``fn`` on shape-only 'meta' tensors: a tensor it makes on a fixed device clashes with them.
 
     This finds code that would break on a GPU even on a machine without one. Code that needs the
     values (``.item()``, ``.tolist()``, ``if x.any():``) cannot run on meta tensors; that is allowed,
     so only a device clash, or a result left on another device, fails.
     """
-    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
-    called: set[str] = set()
-    try:
-        with _CalledFunctions(called):
-            result = fn(*meta)
-    except Exception as exc:
-        text = str(exc)
-        copied_into_fixed_device = "copy out of meta" in text and not called & READS_VALUES
+    probe = learner_step(name, lambda: run_beside(run_on_meta, fn, args, kwargs or {}), args)
+    if not isinstance(probe, dict):
+        fail(name, "the grader could not run your code on shape-only tensors")
+    text = str(probe.get("error", ""))
+    if "error" in probe:
+        copied_into_fixed_device = "copy out of meta" in text and not set(probe.get("called", ())) & READS_VALUES
         if "expected device" in text or copied_into_fixed_device:
             fail(name, f"{ON_A_FIXED_DEVICE} ({text})", FIXED_DEVICE_HINT)
         return
-    results = result if isinstance(result, tuple) else (result,)
-    if any(isinstance(r, torch.Tensor) and r.device.type != "meta" for r in results):
+    if any(device != "meta" for device in probe.get("devices", ())):
         fail(name, "returns a tensor on a fixed device instead of the inputs' device", FIXED_DEVICE_HINT)
 
 

@@ -1,24 +1,28 @@
 """Reference implementations of every name the learners implement (see the course contract).
 
 The names and signatures here are the contract's; the tests prove each one against PyTorch's own.
+Each name is imported from its chapter's module when first used (``lazy``): a graded kernel, which is given
+the earlier chapters' pieces but not the chapter it is graded on, can still import this package.
 """
 
-from .attention import scaled_dot_product_attention, softmax
-from .attention_variants import CausalSelfAttention, CrossAttention, SelfAttention, causal_mask, padding_mask
-from .ffn_layernorm_residual import LayerNorm, PositionwiseFeedForward, SublayerConnection, ffn_as_conv1d
-from .multi_head_attention import MultiHeadAttention, merge_heads, split_heads
-from .transformer import (
-    DecoderLayer,
-    EncoderLayer,
-    Transformer,
-    greedy_decode,
-    positional_encoding,
-    teacher_forcing_loss,
-)
+from ..lazy import exports
 
-__all__ = ["softmax", "scaled_dot_product_attention"]
-__all__ += ["split_heads", "merge_heads", "MultiHeadAttention"]
-__all__ += ["causal_mask", "padding_mask", "SelfAttention", "CausalSelfAttention", "CrossAttention"]
-__all__ += ["PositionwiseFeedForward", "ffn_as_conv1d", "LayerNorm", "SublayerConnection"]
-__all__ += ["positional_encoding", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing_loss"]
-__all__ += ["greedy_decode"]
+CHAPTER_MODULES = {
+    "attention": ["softmax", "scaled_dot_product_attention"],
+    "multi_head_attention": ["split_heads", "merge_heads", "MultiHeadAttention"],
+    "attention_variants": ["causal_mask", "padding_mask", "SelfAttention", "CausalSelfAttention", "CrossAttention"],
+    "ffn_layernorm_residual": ["PositionwiseFeedForward", "ffn_as_conv1d", "LayerNorm", "SublayerConnection"],
+    "transformer": ["positional_encoding", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing_loss",
+                    "greedy_decode"],
+}
+__all__, __getattr__ = exports(__name__, CHAPTER_MODULES)
+
+
+def hidden_in_grading(chapter: str) -> list[str]:
+    """The modules a kernel graded on ``chapter`` (e.g. ``"03_attention_variants"``) must not see.
+
+    That chapter's and every later one's: each would hand over the answer. Chapter ids drop their
+    number to name modules.
+    """
+    order = list(CHAPTER_MODULES)
+    return order[order.index(chapter.split("_", 1)[1]):]

@@ -1,0 +1,141 @@
+"""What the checks run next to the learner's objects: probes, and the parts handed to the learner's code.
+
+In JupyterLab this runs in the learner's kernel like the rest of a check. In a graded run it runs in
+the sandboxed kernel (``remote.proxy.run_beside`` and ``make_beside``), which has the earlier
+chapters' reference but not the graded one's; so this module imports PyTorch alone, and nothing
+handed to the learner's code is itself an answer to an exercise. Each function returns data, or an
+object the check then uses through its proxy.
+"""
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class _CalledFunctions(TorchFunctionMode):
+    """Records the torch functions a call makes (F.scaled_dot_product_attention, torch.softmax, ...)."""
+
+    def __init__(self, names: set[str]):
+        super().__init__()
+        self.names = names
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+class _RunOperators(TorchDispatchMode):
+    """Records the ATen operators a call runs: an alias or a wrapper cannot hide a built-in softmax."""
+
+    def __init__(self, names: set[str]):
+        super().__init__()
+        self.names = names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def operators_used(fn, args: tuple) -> list[str]:
+    """The torch functions and ATen operators that ``fn(*args)`` runs."""
+    names: set[str] = set()
+    with _CalledFunctions(names), _RunOperators(names):
+        fn(*args)
+    return sorted(names)
+
+
+def run_on_meta(fn, args: tuple, kwargs: dict) -> dict:
+    """Run ``fn`` on shape-only 'meta' copies of the tensors in ``args``.
+
+    Returns the error, if any, with the torch functions called before it, or the result's devices.
+    """
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    called: set[str] = set()
+    try:
+        with _CalledFunctions(called):
+            result = fn(*meta, **kwargs)
+    except Exception as exc:  # the learner's code may raise anything; only a device clash matters here
+        return {"error": str(exc), "called": sorted(called)}
+    results = result if isinstance(result, tuple) else (result,)
+    return {"devices": [r.device.type for r in results if isinstance(r, torch.Tensor)]}
+
+
+def gradients(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, parameters: list[str]) -> dict:
+    """Backpropagate ``upstream`` through ``module(x)``: the gradients of x and of the named parameters.
+
+    A forward pass that raises raises; a backward pass that cannot run (an output cut from the graph)
+    is reported as ``{"error": ...}``.
+    """
+    x = x.detach().requires_grad_()
+    out = module(x)
+    try:
+        (out * upstream).sum().backward()
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"x": x.grad} | {name: getattr(module, name).grad for name in parameters}
+
+
+class CountedSublayer:
+    """A sublayer the learner did not write, counting its calls."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, h):
+        self.calls += 1
+        return self.fn(h)
+
+
+def attention_sublayer(h: torch.Tensor) -> torch.Tensor:
+    """Parameter-free self-attention, a sublayer that mixes positions (PyTorch's own attention)."""
+    return torch.nn.functional.scaled_dot_product_attention(h, h, h)
+
+
+def ffn_sublayer(state: dict) -> nn.Sequential:
+    """A two-layer ReLU network with the weights in ``state`` ("0.weight", "0.bias", "2.weight", "2.bias")."""
+    (d_ff, d_model), dtype = state["0.weight"].shape, state["0.weight"].dtype
+    layers = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model)).to(dtype)
+    layers.load_state_dict(state)
+    return layers.eval()
+
+
+def ffn_weights(state: dict) -> nn.Module:
+    """What ``ffn_as_conv1d`` is given: an FFN's ``linear1`` and ``linear2`` with the weights in ``state``.
+
+    It holds the weights and has no forward of its own: the learner's convolutions do the computing.
+    """
+    (d_ff, d_model), dtype = state["linear1.weight"].shape, state["linear1.weight"].dtype
+    holder = nn.Module()
+    holder.linear1, holder.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+    holder.dropout = nn.Dropout(0.0)
+    holder.load_state_dict(state)
+    return holder.to(dtype).eval()
+
+
+class _LinearCalls(TorchFunctionMode):
+    """Counts calls of F.linear (which every nn.Linear makes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "linear":
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
+    """Run ``module(x)``: which of its nn.Conv1d layers never ran, and how often F.linear was called."""
+    called: set[str] = set()
+    convolutions = [(key, m) for key, m in module.named_modules() if isinstance(m, nn.Conv1d)]
+    hooks = [m.register_forward_hook(lambda *_, key=key: called.add(key)) for key, m in convolutions]
+    try:
+        with _LinearCalls() as linear:
+            module(x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {"unused": [key for key, _ in convolutions if key not in called], "linear": linear.count}

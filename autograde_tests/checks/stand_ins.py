@@ -1,0 +1,119 @@
+"""Chapter 5's stand-ins: small models the checks hand to the learner's code, and the "can it learn" run.
+
+Grading ``Transformer`` alone means running it with layers that are not the learner's; grading
+``teacher_forcing_loss`` and ``greedy_decode`` means handing them a model. In a graded run these live in
+the learner's kernel, which lacks chapter 5's reference, so they are built here from PyTorch alone and
+are deliberately not Transformers: each layer mixes positions by a plain average over the keys it may
+see, which makes it use every mask the way attention would, and nothing more. The checks compute the
+expected numbers with the very same stand-ins.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+
+def _masked_mean(values: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """(B, m, n) bool ``allowed`` × (B, n, d) ``values`` -> (B, m, d): each row's average over what it may
+    see, zero where it may see nothing."""
+    weights = allowed.to(values.dtype)
+    return weights @ values / weights.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _allowed(m: int, padding_mask: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
+    """(B or 1, m, n): every key, or the real ones of a (B, n) padding mask."""
+    if padding_mask is None:
+        return torch.ones(1, m, n, dtype=torch.bool, device=like.device)
+    return padding_mask[:, None, :].expand(-1, m, -1)
+
+
+class StandInEncoderLayer(nn.Module):
+    """``layer(x, padding_mask=None)``: x + tanh(own(x)) + the average of mix(x) over the real positions."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.own, self.mix = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+
+    def forward(self, x, padding_mask=None):
+        T = x.size(1)
+        return x + torch.tanh(self.own(x)) + _masked_mean(self.mix(x), _allowed(T, padding_mask, T, x))
+
+
+class StandInDecoderLayer(nn.Module):
+    """``layer(x, memory, tgt_padding_mask=None, memory_padding_mask=None)``: x + tanh(own(x)) + the average
+    of mix(x) over the real positions up to each one + the average of read(memory) over the real memory."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.own, self.mix = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.read = nn.Linear(d_model, d_model)
+
+    def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
+        T, S = x.size(1), memory.size(1)
+        past = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        own = _masked_mean(self.mix(x), _allowed(T, tgt_padding_mask, T, x) & past)
+        read = _masked_mean(self.read(memory), _allowed(T, memory_padding_mask, S, x))
+        return x + torch.tanh(self.own(x)) + own + read
+
+
+def stand_in_layers(kind: str, state: dict) -> nn.ModuleList:
+    """A ModuleList of stand-in ``"encoder"`` or ``"decoder"`` layers holding the weights in ``state``
+    ("0.own.weight", ...); the number of layers and d_model come from the keys and shapes."""
+    count = 1 + max(int(key.split(".")[0]) for key in state)
+    d_model, dtype = state["0.own.weight"].shape[0], state["0.own.weight"].dtype
+    layer = StandInEncoderLayer if kind == "encoder" else StandInDecoderLayer
+    layers = nn.ModuleList(layer(d_model) for _ in range(count)).to(dtype)
+    layers.load_state_dict(state)
+    return layers
+
+
+class StandInModel(nn.Module):
+    """What ``teacher_forcing_loss`` and ``greedy_decode`` are given: ``encode``, ``decode`` and ``forward``
+    with the contract's signatures, token embeddings and the stand-in layers (no positional encoding)."""
+
+    def __init__(self, vocab: int, d_model: int):
+        super().__init__()
+        self.src_embed, self.tgt_embed = nn.Embedding(vocab, d_model), nn.Embedding(vocab, d_model)
+        self.encoder, self.decoder = StandInEncoderLayer(d_model), StandInDecoderLayer(d_model)
+        self.head = nn.Linear(d_model, vocab)
+
+    def encode(self, src, src_padding_mask=None):
+        return self.encoder(self.src_embed(src), src_padding_mask)
+
+    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
+        return self.head(self.decoder(self.tgt_embed(tgt), memory, tgt_padding_mask, src_padding_mask))
+
+    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
+        return self.decode(tgt, self.encode(src, src_padding_mask), tgt_padding_mask, src_padding_mask)
+
+
+def stand_in_model(state: dict) -> StandInModel:
+    """A float64 ``StandInModel`` holding the weights in ``state``."""
+    vocab, d_model = state["src_embed.weight"].shape
+    model = StandInModel(vocab, d_model).double()
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def train_on_batch(model: nn.Module, src, decoder_input, labels, pad: int, steps: int, lr: float, stop: float) -> dict:
+    """Adam on one fixed batch until the cross-entropy of ``model(src, decoder_input)`` against ``labels``
+    (padding ignored) is below ``stop``, or ``steps`` have run: the losses, and the parameters that got no
+    gradient at the first step. The checks judge the trained model themselves, on the same batch."""
+    model.train()
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    losses, unused = [], []
+    for step in range(steps):
+        logits = model(src, decoder_input, src != pad, decoder_input != pad)
+        loss = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad)
+        losses.append(loss.item())
+        if not math.isfinite(losses[-1]) or losses[-1] < stop:
+            break
+        optimiser.zero_grad()
+        loss.backward()
+        if step == 0:
+            unused = [key for key, p in model.named_parameters() if p.grad is None]
+            if unused:
+                break
+        optimiser.step()
+    return {"losses": losses, "unused": unused}

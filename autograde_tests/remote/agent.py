@@ -1,0 +1,125 @@
+"""The kernel's side of a graded run: does what the grader asks with the learner's objects, and answers.
+
+The grader sends one request at a time (``serve``, run as a cell of its own). The learner's objects
+never leave the kernel: the grader gets a handle for each and asks for calls, attributes or items;
+what comes back is data (``wire``). The grader's torch settings travel with each request (default
+dtype, grad mode, threads, and the random state when the grader seeded it) so the learner's code runs
+as it would in-process; dtype, grad mode and threads are restored afterwards, for the learner's next cell.
+
+Nothing here is trusted: the learner can replace any of it. The grader only ever reads data back,
+and a fake answer passes only if it is the right answer.
+"""
+
+import contextlib
+import copy
+import importlib
+import pickle
+from collections.abc import Callable, Iterator
+
+import torch
+from IPython.display import publish_display_data
+
+from . import wire
+
+MIME = "application/vnd.attention-step-by-step.reply+json"
+MRO_SHOWN = 32  # how many of an object's classes the grader learns (for isinstance on a proxy)
+
+
+class Agent:
+    """Objects handed out to the grader, by handle, and the operations the grader may ask for."""
+
+    def __init__(self, namespace: dict, unpickle: Callable[[bytes], object] = pickle.loads):
+        self.namespace = namespace
+        self.objects: dict[int, object] = {}
+        self.unpickle = unpickle
+
+    def handle(self, request: str) -> str:
+        """Answer one request (a ``wire`` message): ``{"ok": value}`` or ``{"raised": [type, message]}``."""
+        try:
+            message = wire.decode(request, handle=self._resolve, unpickle=self.unpickle)
+            arguments, keywords = message["args"], message["kwargs"]
+            sent = list(enumerate(arguments)) + list(keywords.items())
+            before = [(key, t, t.clone()) for key, t in sent if isinstance(t, torch.Tensor)]
+            with _settings(message["context"]):
+                result = getattr(self, "_" + message["op"])(*arguments, **keywords)
+        except BaseException as exc:  # the learner's code may raise anything, SystemExit too; the grader judges it
+            return self._reply({"raised": [type(exc).__name__, str(exc)]})
+        # An argument changed in place travels back, so the grader sees what the learner's code did to it.
+        changed = [[key, t] for key, t, copied in before if t.shape != copied.shape or not torch.equal(t, copied)]
+        return self._reply({"ok": result, "changed": changed})
+
+    def _reply(self, value) -> str:
+        try:
+            return wire.encode(value, handle=self._keep)
+        except Exception as exc:  # e.g. a tensor subclass whose methods raise
+            return wire.encode({"raised": [type(exc).__name__, f"could not send the result: {exc}"]})
+
+    def _keep(self, obj) -> dict:
+        self.objects[id(obj)] = obj
+        kinds = [f"{k.__module__}.{k.__qualname__}" for k in type(obj).__mro__[:MRO_SHOWN]]
+        return {"t": "object", "id": id(obj), "type": type(obj).__name__, "kinds": kinds}
+
+    def _resolve(self, node: dict):
+        if node.get("t") != "ref" or node.get("id") not in self.objects:
+            raise wire.WireError("unknown handle")
+        return self.objects[node["id"]]
+
+    # ------------------------------------------------------------------ what the grader may ask for
+
+    def _lookup(self, name: str):
+        if name not in self.namespace:
+            raise NameError(f"name '{name}' is not defined")
+        return self.namespace[name]
+
+    def _call(self, target, *args, **kwargs):
+        return target(*args, **kwargs)
+
+    def _getattr(self, target, name: str):
+        return getattr(target, name)
+
+    def _setattr(self, target, name: str, value):
+        setattr(target, name, value)
+
+    def _getitem(self, target, key):
+        return target[key]
+
+    def _len(self, target):
+        return len(target)
+
+    def _iter(self, target):
+        return list(iter(target))
+
+    def _deepcopy(self, target):
+        return copy.deepcopy(target)
+
+    def _run(self, path: str, *args, **kwargs):
+        """Call a course function here, next to the learner's objects (e.g. a probe on meta tensors)."""
+        module, _, name = path.partition(":")
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _settings(context: dict) -> Iterator[None]:
+    saved = (torch.get_default_dtype(), torch.is_grad_enabled(), torch.get_num_threads())
+    torch.set_default_dtype(context["dtype"])
+    torch.set_grad_enabled(context["grad"])
+    if context["threads"] != saved[2]:
+        torch.set_num_threads(context["threads"])
+    if context["rng"] is not None:  # the grader seeded: draw what it would draw
+        torch.set_rng_state(context["rng"])
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved[0])
+        torch.set_grad_enabled(saved[1])
+        if torch.get_num_threads() != saved[2]:
+            torch.set_num_threads(saved[2])
+
+
+_agents: dict[int, Agent] = {}
+
+
+def serve(namespace: dict, request: str) -> None:
+    """Answer ``request`` as display data, the only way a kernel talks back (one agent per namespace)."""
+    agent = _agents.setdefault(id(namespace), Agent(namespace))
+    publish_display_data({MIME: {"reply": agent.handle(request)}})
