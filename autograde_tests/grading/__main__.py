@@ -7,7 +7,7 @@ in parallel, and writes the gradebook, autograded/, feedback/, grades.csv and re
 
 import argparse
 import os
-import pwd
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,7 +35,8 @@ def parse(argv=None) -> batch.Settings:
     parser.add_argument("--output", type=int, default=1_000_000, help="characters a kernel may print (default: 1e6)")
     parser.add_argument("--force", action="store_true", help="regrade submissions that have not changed")
     parser.add_argument("--zip-collect", action="store_true", help="first run nbgrader zip_collect for each chapter")
-    parser.add_argument("--sandbox-user", default="nobody", help="user kernels run as when grading as root")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run kernels without bubblewrap: for trusted work only (your own notebooks)")
     args = parser.parse_args(argv)
 
     course = args.course.resolve()
@@ -58,30 +59,22 @@ def parse(argv=None) -> batch.Settings:
         parser.error(f"{course}: no submitted/ folder (collect submissions first, or use --zip-collect)")
     if not batch.find_pairs(course, chapters):
         parser.error(f"no submissions for {', '.join(chapters)} in {course / 'submitted'}")
-    user = None
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam(args.sandbox_user).pw_name
-        except KeyError:
-            parser.error(f"--sandbox-user {args.sandbox_user!r} does not exist on this machine")
-        user = _usable_sandbox_user(user)
+    if not args.no_sandbox:
+        _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout,
-                          int(args.memory * 2**30), args.output, args.force, user)
+                          int(args.memory * 2**30), args.output, args.force, sandbox=not args.no_sandbox)
 
 
-def _usable_sandbox_user(user: str) -> str | None:
-    """``user`` if it can run this Python and the course package; else warn that kernels run as root."""
-    try:
-        probe = subprocess.run([sys.executable, "-c", "import torch, autograde_tests"], user=user, cwd="/",
-                               capture_output=True, text=True, timeout=120)
-        if probe.returncode == 0:
-            return user
+def _expect_bubblewrap(parser) -> None:
+    """Refuse to grade, with one line saying why, unless bubblewrap can start a sandbox here."""
+    if shutil.which("bwrap") is None:
+        parser.error("bubblewrap is not installed; it confines every learner's kernel: `apt-get install bubblewrap` "
+                     "(or --no-sandbox, for trusted work only)")
+    probe = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode:
         why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
-    except OSError as exc:
-        why = str(exc)
-    print(f"warning: kernels will run as root, unconfined by the operating system: {user!r} cannot run "
-          f"{sys.executable} ({why}). See the instructor guide's supported set-up.", file=sys.stderr)
-    return None
+        parser.error(f"bubblewrap cannot start a sandbox on this machine ({why}); see the instructor guide")
 
 
 def _released(parser, course: Path, chapters: list[str]) -> list[str]:
@@ -110,7 +103,7 @@ def main(argv=None) -> None:
     report.write_feedback(settings.course, graded)
     csv = report.export_grades(settings.course)
     state = batch.load_state(settings.course)
-    summary = report.write_report(settings.course, state, settings.user)
+    summary = report.write_report(settings.course, state, settings.sandbox)
     for o in outcomes:
         if o.status == "needs-attention":
             print(f"needs attention  {o.student} / {o.chapter}: {o.reason}")

@@ -1,11 +1,12 @@
 """Grade a class: every (student, chapter) pair on its own, in parallel, and never stop the batch.
 
 For each pair the trusted grader (this process) reads the submission, rebuilds it around the release
-(``submissions``), refuses code outside the plain-PyTorch filter (``code_filter``), and hands it to a
-worker process that runs nbgrader in a scratch course with a sandboxed kernel (``worker``,
-``sandbox_kernel``). A worker past its time limit is killed with its whole process tree. Only a pair
-that was graded is merged into the course's gradebook and ``autograded/`` folder, so a failed regrade
-leaves the earlier grade as it was. A pair whose notebook has not changed since it was graded is skipped.
+(``submissions``), notes what its code does (``advisories``, for the report only), and hands it to a
+worker process that runs nbgrader in a scratch course: the learner's cells in a kernel confined by
+bubblewrap (``sandbox_kernel``), the graded cells judged by the worker itself (``execute``). A worker
+past its time limit is killed with its whole process tree. Only a pair that was graded is merged into
+the course's gradebook and ``autograded/`` folder, so a failed regrade leaves the earlier grade as it
+was. A pair whose notebook has not changed since it was graded is skipped.
 """
 
 import json
@@ -25,7 +26,8 @@ from nbgrader.api import Gradebook
 from tqdm import tqdm
 
 from .. import course as nbcourse
-from . import code_filter, submissions
+from . import submissions
+from .advisories import advisories
 
 WORK = ".grading"
 
@@ -40,7 +42,7 @@ class Settings:
     memory_bytes: int
     output_chars: int
     force: bool = False
-    user: str | None = None  # the unprivileged user kernels run as, when the grader runs as root
+    sandbox: bool = True  # kernels in bubblewrap; off only for trusted work (--no-sandbox)
 
 
 @dataclass
@@ -51,7 +53,8 @@ class Outcome:
     reason: str = ""
     score: float | None = None
     max_score: float | None = None
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # repairs made to the notebook
+    advisories: list[str] = field(default_factory=list)  # what its code does, for a person to look at
     messages: list[str] = field(default_factory=list)
     digest: str = ""
 
@@ -90,19 +93,19 @@ def grade_class(settings: Settings) -> list[Outcome]:
     state = load_state(course)
     pairs = find_pairs(course, settings.chapters)
     template = _template(course, work, sorted({p.chapter for p in pairs}))
-    sandbox_root = Path(tempfile.mkdtemp(prefix="course-sandbox-"))
-    os.chmod(sandbox_root, 0o711)  # a kernel's user may enter its own folder, not list the others
+    # Each kernel's connection file and sockets, in a short path (a socket's path has at most 107 bytes).
+    exchanges = Path(tempfile.mkdtemp(prefix="grading-"))
 
     outcomes, jobs = [], []
-    for pair in pairs:
-        outcome, job_dir = _prepare(pair, settings, template, work, sandbox_root, state)
+    for number, pair in enumerate(pairs):
+        outcome, job_dir = _prepare(pair, settings, template, work, exchanges / str(number), state)
         (outcomes.append(outcome) if outcome else jobs.append((pair, job_dir)))
     with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
         running = {pool.submit(run_worker, job_dir, settings.timeout): (pair, job_dir) for pair, job_dir in jobs}
         for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
             pair, job_dir = running[done]
             outcomes.append(_merge(course, pair, job_dir, done.result()))
-    shutil.rmtree(sandbox_root, ignore_errors=True)
+    shutil.rmtree(exchanges, ignore_errors=True)
 
     for outcome in outcomes:
         key = f"{outcome.student}/{outcome.chapter}"
@@ -122,7 +125,7 @@ def _template(course: Path, work: Path, chapters: list[str]) -> Path:
     return template
 
 
-def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, sandbox_root: Path, state: dict):
+def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, exchange: Path, state: dict):
     """Return (an outcome, None) when the pair needs no worker, else (None, the worker's job folder)."""
     def attention(reason, **extra):
         return Outcome(pair.student, pair.chapter, "needs-attention", reason, **extra), None
@@ -142,16 +145,12 @@ def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, sandbox
         return attention(f"unreadable notebook: {exc}", digest=digest)
     release = nbformat.read(template / "notebooks" / pair.chapter / f"{pair.chapter}.ipynb", as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
-    notes += rebuilt.notes
-    violations = [v for source in rebuilt.learner_code for v in code_filter.check_source(source)]
-    if violations:
-        shown = "; ".join(str(v) for v in violations[:3]) + (" ..." if len(violations) > 3 else "")
-        return attention(f"tampering detected: {shown}", notes=notes, digest=digest)
-    job = {"student": pair.student, "chapter": pair.chapter, "notes": notes, "digest": digest}
-    return None, write_job(rebuilt.notebook, job, settings, template, work / "jobs", sandbox_root)
+    job = {"student": pair.student, "chapter": pair.chapter, "notes": notes + rebuilt.notes,
+           "advisories": advisories(rebuilt.learner_code), "digest": digest}
+    return None, write_job(rebuilt.notebook, job, settings, template, work / "jobs", exchange)
 
 
-def write_job(notebook, job: dict, settings: Settings, template: Path, jobs: Path, sandbox_root: Path) -> Path:
+def write_job(notebook, job: dict, settings: Settings, template: Path, jobs: Path, exchange: Path) -> Path:
     """A worker's folder: a scratch course from ``template`` with ``notebook`` submitted, and job.json."""
     student, chapter = job["student"], job["chapter"]
     job_dir = jobs / student / chapter
@@ -163,9 +162,9 @@ def write_job(notebook, job: dict, settings: Settings, template: Path, jobs: Pat
     target = job_dir / "course" / "submitted" / student / chapter / f"{chapter}.ipynb"
     target.parent.mkdir(parents=True)
     nbformat.write(notebook, target)
+    exchange.mkdir(parents=True)
     job |= {"cell_timeout": settings.cell_timeout, "memory_bytes": settings.memory_bytes,
-            "output_chars": settings.output_chars, "user": settings.user,
-            "sandbox": str(sandbox_root / f"{student}-{chapter}")}
+            "output_chars": settings.output_chars, "sandbox": settings.sandbox, "exchange": str(exchange)}
     (job_dir / "job.json").write_text(json.dumps(job))
     return job_dir
 
@@ -176,6 +175,8 @@ def run_worker(job_dir: Path, timeout: int) -> dict:
         "JUPYTER_CONFIG_DIR": str(job_dir / "config"),
         "JUPYTER_RUNTIME_DIR": str(job_dir / "runtime"),
         "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+        # Kernels get no GPU in the sandbox, so the checks judging them must not expect one.
+        "CUDA_VISIBLE_DEVICES": "",
     }
     with open(job_dir / "worker.log", "w") as log:
         worker = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading.worker", str(job_dir)],
@@ -211,8 +212,8 @@ def _kill_tree(pid: int) -> None:
 
 def _merge(course: Path, pair: Pair, job_dir: Path, result: dict) -> Outcome:
     job = json.loads((job_dir / "job.json").read_text())
-    outcome = Outcome(pair.student, pair.chapter, result["status"], result.get("reason", ""),
-                      notes=job["notes"], messages=result.get("messages", []), digest=job["digest"])
+    outcome = Outcome(pair.student, pair.chapter, result["status"], result.get("reason", ""), notes=job["notes"],
+                      advisories=job["advisories"], messages=result.get("messages", []), digest=job["digest"])
     if outcome.status != "graded":
         return outcome
     destination = course / "autograded" / pair.student / pair.chapter

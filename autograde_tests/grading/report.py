@@ -27,7 +27,7 @@ def export_grades(course: Path) -> Path:
     return path
 
 
-def write_report(course: Path, state: dict, kernel_user: str | None) -> Path:
+def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes."""
     folder = course / "reports"
     folder.mkdir(exist_ok=True)
@@ -44,8 +44,8 @@ def write_report(course: Path, state: dict, kernel_user: str | None) -> Path:
     for entry in latest.values():
         mistakes.update(m for m in entry.get("messages", []) if m)
 
-    confinement = (f"Kernels ran as the unprivileged user `{kernel_user}`." if kernel_user else
-                   "Kernels ran with the grader's own rights: only the code filter confined them.")
+    confinement = ("Every kernel ran in a bubblewrap sandbox; the graded cells were judged by the grader." if sandboxed
+                   else "Kernels ran without a sandbox (--no-sandbox): grades are only as trustworthy as the code.")
     lines = ["# Class report", "", confinement, "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
              "| --- | --- | --- | --- | --- |"]
     for chapter, values in sorted(scores.items()):
@@ -69,6 +69,10 @@ def write_report(course: Path, state: dict, kernel_user: str | None) -> Path:
     if noted:
         lines += ["", "## Repairs made before grading", ""]
         lines += [f"- {e['student']} / {e['chapter']}: {'; '.join(e['notes'])}" for e in noted]
+    advised = [e for e in latest.values() if e.get("advisories")]
+    if advised:
+        lines += ["", "## What some submissions' code does (graded as usual; worth a look)", ""]
+        lines += [f"- {e['student']} / {e['chapter']}: {'; '.join(e['advisories'])}" for e in advised]
     _plot_scores(scores, folder / "scores.png")
     _plot_failures(attempts, failures, folder / "failures.png")
     path = folder / "class_report.md"

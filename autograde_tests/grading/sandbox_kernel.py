@@ -1,94 +1,98 @@
-"""The grading kernel: ipykernel, started inside limits that the learner's code cannot lift.
+"""The grading kernel: ipykernel inside bubblewrap, with limits the learner's code cannot lift.
 
-nbgrader starts kernels by kernel-spec name; the worker points the name ``python3`` at this module.
-Before it becomes an ipykernel (by exec, so no Python of ours stays around it) it:
+nbgrader starts kernels by kernel-spec name; the worker points the name ``python3`` at this module,
+which sets the limits (memory, file size, no core dumps) and becomes ``bwrap`` running ipykernel:
 
-- caps address space (memory), the size of any file written, and core dumps;
-- moves into an empty working folder of its own, so nothing submitted beside the notebook and
-  nothing of the course is on its path or in reach by relative path;
-- when started as root, drops to an unprivileged user (``--user``), who cannot read a course folder
-  of mode 700 or write the gradebook;
-- caps what the kernel prints, so an output flood cannot exhaust the grader.
+- a user namespace with an unprivileged uid and no capabilities; its own PID namespace, so that every
+  process the learner starts dies with the kernel (``--die-with-parent``); no network but its own
+  loopback; a new session (no terminal to write into);
+- read-only: the system's ``/usr``, the Python installation and the course's environment; the course
+  package, minus the reference of the graded chapter and of every later one (an empty module that
+  says so stands in for each, and their compiled copies are hidden);
+- writable: a private tmpfs of limited size (home and working folder), and the folder holding the
+  connection file and the kernel's sockets, which the grader reaches through it.
+
+No course folder, ``solutions/``, gradebook or other submission is mounted: they do not exist in there.
+``--no-sandbox`` (trusted work only) skips bubblewrap and keeps the limits.
 """
 
 import argparse
 import os
-import pwd
 import resource
 import shutil
 import sys
+from pathlib import Path
+
+import autograde_tests
+from autograde_tests.reference import hidden_in_grading
 
 FILE_BYTES = 64 * 2**20  # the largest file the kernel may write (caches included)
-OUTPUT_NOTE = "\n[output truncated by the grader]\n"
+TMP_BYTES = 256 * 2**20  # the kernel's private writable space
+NOBODY = 65534
+HIDDEN = Path(__file__).with_name("hidden_reference.py")
 
 
-def cap_output(limit: int) -> None:
-    """Replace stdout and stderr with writers that stop after ``limit`` characters in all."""
-    remaining = [limit]
+def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
+    """bubblewrap's arguments for a kernel graded on ``chapter`` that talks through ``exchange``."""
+    package = Path(autograde_tests.__file__).resolve().parent
+    prefixes = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix)})
+    arguments = [
+        "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+        "--uid", str(NOBODY), "--gid", str(NOBODY),
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
+    ]
+    for prefix in prefixes:
+        arguments += ["--ro-bind", prefix, prefix]
+    arguments += ["--ro-bind", str(package), str(package)]
+    reference = package / "reference"
+    for module in hidden_in_grading(chapter):
+        arguments += ["--ro-bind", str(HIDDEN), str(reference / f"{module}.py")]
+    if (reference / "__pycache__").is_dir():
+        arguments += ["--tmpfs", str(reference / "__pycache__")]
+    arguments += ["--bind", str(exchange), str(exchange), "--chdir", "/tmp", "--clearenv"]
+    for key, value in _environment("/tmp").items():
+        arguments += ["--setenv", key, value]
+    return arguments
 
-    class Capped:
-        def __init__(self, stream):
-            self._stream = stream
 
-        def write(self, text):
-            if remaining[0] <= 0:
-                return len(text)
-            kept = text[: remaining[0]]
-            remaining[0] -= len(text)
-            self._stream.write(kept if remaining[0] > 0 else kept + OUTPUT_NOTE)
-            return len(text)
-
-        def __getattr__(self, name):
-            return getattr(self._stream, name)
-
-    sys.stdout, sys.stderr = Capped(sys.stdout), Capped(sys.stderr)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workdir", required=True)
-    parser.add_argument("--memory-bytes", type=int, required=True)
-    parser.add_argument("--output-chars", type=int, required=True)
-    parser.add_argument("--user")
-    parser.add_argument("-f", dest="connection_file", required=True)
-    args, kernel_args = parser.parse_known_args()  # the rest (nbgrader's options) goes to ipykernel
-
-    os.makedirs(args.workdir, exist_ok=True)
-    connection = os.path.join(args.workdir, "kernel.json")
-    shutil.copyfile(args.connection_file, connection)
-    if args.user and os.geteuid() == 0:
-        user = pwd.getpwnam(args.user)
-        for path in (args.workdir, connection):
-            os.chown(path, user.pw_uid, user.pw_gid)
-        os.chmod(args.workdir, 0o700)
-        os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-    os.chdir(args.workdir)
-
-    memory = args.memory_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    env = {
+def _environment(home: str) -> dict[str, str]:
+    return {
         "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
-        "HOME": args.workdir,
-        "IPYTHONDIR": os.path.join(args.workdir, ".ipython"),
-        "MPLCONFIGDIR": args.workdir,
+        "HOME": home,
+        "IPYTHONDIR": os.path.join(home, ".ipython"),
+        "MPLCONFIGDIR": home,
         "MPLBACKEND": "Agg",
         # One thread each: kernels of a parallel batch share the machine's cores.
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "PYTHONNOUSERSITE": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
-    startup = f"from autograde_tests.grading.sandbox_kernel import cap_output; cap_output({args.output_chars})"
-    os.execve(
-        sys.executable,
-        [sys.executable, "-m", "ipykernel_launcher", "-f", connection,
-         f"--IPKernelApp.exec_lines={startup}", *kernel_args],
-        env,
-    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chapter", required=True)
+    parser.add_argument("--exchange", type=Path, required=True, help="folder of the connection file and sockets")
+    parser.add_argument("--memory-bytes", type=int, required=True)
+    parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("-f", dest="connection_file", required=True)
+    args, kernel_args = parser.parse_known_args()  # the rest (nbgrader's options) goes to ipykernel
+
+    connection = args.exchange / "kernel.json"
+    shutil.copyfile(args.connection_file, connection)
+    resource.setrlimit(resource.RLIMIT_AS, (args.memory_bytes, args.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection), *kernel_args]
+    if args.no_sandbox:
+        os.chdir(args.exchange)
+        os.execve(sys.executable, kernel, _environment(str(args.exchange)))
+    bwrap = shutil.which("bwrap")
+    os.execv(bwrap, [bwrap, *bwrap_arguments(args.chapter, args.exchange), *kernel])
 
 
 if __name__ == "__main__":

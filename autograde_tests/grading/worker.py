@@ -4,6 +4,8 @@ Run by the batch as ``python -m autograde_tests.grading.worker JOB_DIR``, in a p
 own that the batch kills whole at the time limit. ``JOB_DIR/job.json`` says what to grade; the
 answer is written to ``JOB_DIR/result.json``. The scratch course holds a copy of the course's
 configuration and gradebook template, and the rebuilt submission; nothing here touches the real course.
+This process is trusted: it runs no learner code (the sandboxed kernel does) and judges the graded
+cells itself (``execute.GraderExecute``).
 """
 
 import ctypes
@@ -22,30 +24,41 @@ def main(job_dir: Path) -> None:
     # Orphaned grandchildren (a kernel's own children) stay ours, so the batch can find and kill them.
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _write_kernel_spec(job_dir, job)
-    result = grade(job_dir / "course", job["student"], job["chapter"], job["cell_timeout"])
+    result = grade(job_dir / "course", job["student"], job["chapter"], job)
     (job_dir / "result.json").write_text(json.dumps(result))
 
 
 def _write_kernel_spec(job_dir: Path, job: dict) -> None:
     """Make the kernel name ``python3`` mean the sandboxed kernel, for this worker only (JUPYTER_PATH)."""
-    argv = [sys.executable, "-m", "autograde_tests.grading.sandbox_kernel",
-            "--workdir", job["sandbox"], "--memory-bytes", str(job["memory_bytes"]),
-            "--output-chars", str(job["output_chars"]), "-f", "{connection_file}"]
-    if job.get("user"):
-        argv[-2:-2] = ["--user", job["user"]]
+    argv = [sys.executable, "-m", "autograde_tests.grading.sandbox_kernel", "--chapter", job["chapter"],
+            "--exchange", job["exchange"], "--memory-bytes", str(job["memory_bytes"]), "-f", "{connection_file}"]
+    if not job["sandbox"]:
+        argv.insert(-2, "--no-sandbox")
     spec = job_dir / "jupyter" / "kernels" / "python3" / "kernel.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps({"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python"}))
+    # Interrupts travel as messages: a signal to bubblewrap would not reach the kernel inside.
+    spec.write_text(json.dumps({"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python",
+                                "interrupt_mode": "message"}))
 
 
-def grade(course: Path, student: str, chapter: str, cell_timeout: int) -> dict:
+def grade(course: Path, student: str, chapter: str, job: dict) -> dict:
     from nbgrader.api import Gradebook
     from nbgrader.apps import NbGraderAPI
+    from nbgrader.converters import Autograde
+    from nbgrader.preprocessors import Execute
     from traitlets.config.loader import PyFileConfigLoader
+
+    from .execute import GraderExecute
 
     config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
     config.CourseDirectory.root = str(course)
-    config.Execute.timeout = cell_timeout
+    preprocessors = Autograde.class_traits()["autograde_preprocessors"].default()
+    config.Autograde.autograde_preprocessors = [GraderExecute if p is Execute else p for p in preprocessors]
+    config.GraderExecute.timeout = job["cell_timeout"]
+    config.GraderExecute.output_chars = job["output_chars"]
+    # The kernel's sockets are files in the one folder the sandbox shares with the grader.
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = str(Path(job["exchange"]) / "kernel")
     api = NbGraderAPI(config=config)
     outcome = api.autograde(chapter, student, force=True, create=True)
     if not outcome["success"]:
@@ -76,7 +89,7 @@ def _errors(notebook, graded_only: bool) -> list[str]:
 
 
 def _failure_reason(error: str) -> str:
-    if "DeadKernelError" in error or "Kernel died" in error or "kernel died" in error:
+    if any(marker in error for marker in ("DeadKernelError", "KernelDied", "Kernel died", "kernel died")):
         return "the kernel died (a crash, os._exit or a memory limit)"
     if "CellTimeoutError" in error or "TimeoutError" in error:
         return "a cell did not finish within the time limit"

@@ -1,0 +1,87 @@
+"""nbgrader's Execute, with the verdicts made outside the kernel.
+
+The learner's cells run in the (sandboxed) kernel as nbgrader runs them. A graded test cell does not:
+the grader runs its checks itself (``judge``) against proxies of the learner's objects, each request to
+the kernel a cell of its own that the notebook never shows, and the verdict becomes that cell's outputs,
+from which nbgrader's SaveAutoGrades takes the score. What the kernel prints is capped here, in the
+grader, where the learner cannot lift the cap.
+"""
+
+import json
+
+import nbformat
+from nbclient.exceptions import DeadKernelError
+from nbgrader import utils
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+from ..remote import agent
+from ..remote.proxy import Session
+from ..remote.wire import MAX_BYTES
+from . import judge
+from .reach import Reach
+
+TRUNCATED = "\n[output truncated by the grader]\n"
+
+
+class KernelDied(BaseException):
+    """The kernel died while the grader was asking it something: nbgrader must see it as it sees a dead cell.
+
+    A BaseException, so that no check's ``except Exception`` turns it into an ordinary failure.
+    """
+
+
+class KernelSilent(Exception):
+    """The kernel gave no answer to a request (it timed out, or the learner replaced the agent)."""
+
+
+def is_test_cell(cell) -> bool:
+    return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
+
+
+class GraderExecute(Execute):
+    output_chars = Integer(1_000_000, help="characters of output the learner's cells may print in all").tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        self.printed = 0
+        learner_cells = [c.source for c in nb.cells if c.cell_type == "code" and not is_test_cell(c)]
+        self.reach = Reach(learner_cells)
+        return super().preprocess(nb, resources, km)
+
+    def preprocess_cell(self, cell, resources, index):
+        if not is_test_cell(cell):
+            return super().preprocess_cell(cell, resources, index)
+        session = Session(lambda request: self._ask(request, index), static_names=self.reach)
+        cell.outputs = judge.judge(cell.source, session)
+        self.nb.cells[index] = cell  # nbclient put each request's cell in its place
+        return cell, resources
+
+    def _ask(self, request: str, index: int) -> str:
+        """One request to the agent in the kernel, run as a cell the notebook never shows; its reply."""
+        code = f"__import__({agent.__name__!r}, fromlist=['serve']).serve(globals(), {request!r})"
+        probe = nbformat.v4.new_code_cell(code)
+        try:
+            self.execute_cell(probe, index, store_history=False)
+        except DeadKernelError as exc:
+            raise KernelDied(str(exc)) from None
+        for output in probe.outputs:
+            reply = output.get("data", {}).get(agent.MIME) if output.output_type == "display_data" else None
+            if isinstance(reply, dict) and isinstance(reply.get("reply"), str):
+                return reply["reply"]
+        errors = [f"{o.ename}: {o.evalue}" for o in probe.outputs if o.output_type == "error"]
+        raise KernelSilent("the kernel did not answer the grader" + (f" ({errors[0][:200]})" if errors else ""))
+
+    def output(self, outs, msg, display_id, cell_index):
+        """Keep what the kernel sends until ``output_chars`` are spent (the grader's replies, up to their own limit)."""
+        content = msg.get("content", {})
+        if agent.MIME in content.get("data", {}):
+            size, limit = len(json.dumps(content["data"][agent.MIME])), MAX_BYTES * 2
+        else:
+            size, limit = len(json.dumps(content)), self.output_chars - self.printed
+            self.printed += size
+        if size > limit:
+            if limit > 0 and msg["msg_type"] == "stream":
+                outs.append(nbformat.v4.new_output("stream", name="stdout", text=TRUNCATED))
+                self.printed = self.output_chars
+            return None
+        return super().output(outs, msg, display_id, cell_index)
