@@ -1,7 +1,11 @@
-"""Submissions that try every way to break or cheat the class grader, each with the outcome it must get.
+"""A class of chapter-1 submissions that try every way to cheat or break the grader, and honest ones
+written as learners write them, each with the outcome it must get.
 
 Chapter 01_attention is worth 6 points: test_softmax 2, test_scaled_dot_product_attention 4.
-An expected outcome is a score (int) or the start of a needs-attention reason (str).
+An expected outcome is a score (int) or the start of a needs-attention reason (str). Every attack is
+made with wrong answers (worth 0 on their own), so any point it earns is a point stolen. Sources may
+name ``{COURSE}`` (the course folder) and ``{GRADER_PORT}`` (a port on the grader's loopback that serves
+correct answers): what a learner who knew the grader's machine would aim at.
 """
 
 import json
@@ -56,6 +60,11 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     weights = (e / e.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
     return weights @ v, weights
 '''
+# Wrong answers: softmax over the first axis whatever `dim` says, attention without the 1/sqrt(d_k) scale.
+WRONG_SOFTMAX = SOFTMAX.replace("dim=dim", "dim=0")
+WRONG_ATTENTION = ATTENTION.replace(" / math.sqrt(q.size(-1))", "")
+# Correct answers as a file on the grader's side: what a leak would hand over.
+ANSWERS = "import math\nimport torch\n" + SOFTMAX + ATTENTION
 
 
 def answer(notebook, grade_id: str, source: str):
@@ -70,19 +79,29 @@ def solved(notebook, softmax=SOFTMAX, attention=ATTENTION):
     return answer(answer(notebook, "softmax", softmax), "scaled_dot_product_attention", attention)
 
 
+def wrong(notebook):
+    return solved(notebook, WRONG_SOFTMAX, WRONG_ATTENTION)
+
+
 def cell_index(notebook, grade_id: str) -> int:
     return next(i for i, c in enumerate(notebook.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
 
 
-def with_extra_cell(source: str, after: str = "softmax"):
+def with_extra_cell(source: str, after: str = "softmax", answers: Callable = solved):
+    """``answers`` (correct by default) with a cell of the learner's own after the cell ``after``."""
     def make(release):
-        notebook = solved(release)
-        notebook.cells.insert(cell_index(notebook, after) + 1, nbformat.v4.new_code_cell(source))
+        notebook = answers(release)
+        notebook.cells.insert(cell_index(notebook, after) + 1, nbformat.v4.new_code_cell(source.strip()))
         return notebook
     return make
 
 
-def test_cell_changed(change: Callable):
+def attack(source: str, after: str = "softmax"):
+    """Wrong answers, and a cell that tries to turn them into points."""
+    return with_extra_cell(source, after, answers=wrong)
+
+
+def change_test_cell(change: Callable):
     def make(release):
         notebook = solved(release)
         change(notebook, notebook.cells[cell_index(notebook, "test_softmax")])
@@ -128,51 +147,152 @@ class Case:
     file_name: str = f"{CHAPTER}.ipynb"
 
 
-CASES = [
-    # correct code, written differently: full marks
+# The canary: graded in the same batch as every attack, it must keep exactly its own score.
+CANARY = Case("canary", lambda r: solved(r, attention=WRONG_ATTENTION), 2)
+
+HOSTILE = [
+    # patching what judges, through any alias: the judging is not in the kernel
+    Case("self_alias_patches_allclose", attack("self = torch\nself.allclose = lambda *args, **kwargs: True"), 0),
+    Case("patches_allclose", attack("torch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True"), 0),
+    Case("patches_assert_close",
+         attack("import torch.testing\ntorch.testing.assert_close = lambda *a, **k: None"), 0),
+    Case("patches_math_isclose", attack("math.isclose = lambda *a, **k: True"), 0),
+    Case("patches_the_harness", attack(
+        "import autograde_tests.checks.harness as h\n"
+        "h.close = lambda *a, **k: True\nh.fail = lambda *a, **k: None\nh.name_the_mistake = lambda *a, **k: None"), 0),
+    Case("patches_check_function",
+         attack("import autograde_tests.checks\nautograde_tests.checks.check_softmax = print"), 0),
+    Case("poisons_sys_modules", attack(
+        "import sys, types\nfake = types.ModuleType('autograde_tests.checks')\n"
+        "fake.check_softmax = fake.check_scaled_dot_product_attention = lambda *a, **k: print('✔ passed')\n"
+        "sys.modules['autograde_tests.checks'] = fake\nsys.modules['autograde_tests'].checks = fake"), 0),
+    Case("builtins_through_a_module_attribute", attack(
+        "torch.sys.modules['builtins'].exec(\"import autograde_tests.checks.harness as h; h.close = lambda *a: True\")\n"
+        "torch.os.system('echo pwned > /tmp/pwned')"), 0),
+    Case("tensor_subclass_lies", attack(
+        "class Liar(torch.Tensor):\n    def __eq__(self, other):\n        return True\n"
+        "_wrong = scaled_dot_product_attention\n"
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+        "    out, w = _wrong(q, k, v, mask)\n    return out.as_subclass(Liar), w.as_subclass(Liar)",
+        after="scaled_dot_product_attention"), 0),
+    # the kernel's shell, reached through sys.modules
+    Case("swallows_exceptions",
+         attack("torch.sys.modules['IPython'].get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"), 0),
+    Case("rewrites_every_later_cell", attack(
+        "ip = torch.sys.modules['IPython'].get_ipython()\n"
+        "ip.input_transformers_post.append(lambda lines: ['print(\"✔ softmax: all cases passed\")\\n'])"), 0),
+    Case("answers_the_grader_itself", attack(
+        "import autograde_tests.remote.agent as agent\n"
+        "def serve(namespace, request):\n"
+        "    agent.publish_display_data({agent.MIME: {'reply': '{\"tree\": {\"t\": \"dict\", \"v\": "
+        "[[\"ok\", {\"t\": \"tuple\", \"v\": []}]]}, \"tensors\": \"\"}'}})\n"
+        "agent.serve = serve"), 0),
+    Case("answers_the_grader_with_garbage", attack(
+        "import autograde_tests.remote.agent as agent\n"
+        "agent.serve = lambda namespace, request: agent.publish_display_data({agent.MIME: {'reply': '[' * 100000}})"), 0),
+    # reaching for answers the kernel must not see
+    Case("calls_the_reference_through_sys_modules", lambda r: solved(
+        r, "def softmax(x, dim=-1):\n    return torch.sys.modules['autograde_tests.reference'].softmax(x, dim)",
+        ATTENTION_OWN_SOFTMAX), 4),
+    Case("imports_the_reference", lambda r: solved(
+        r, WRONG_SOFTMAX, "from autograde_tests.reference import scaled_dot_product_attention"), 0),
+    Case("loads_the_compiled_reference", attack(
+        "import glob, marshal, os, autograde_tests\n"
+        "cache = os.path.join(os.path.dirname(autograde_tests.__file__), 'reference', '__pycache__')\n"
+        "for pyc in glob.glob(cache + '/attention*.pyc'):\n"
+        "    exec(marshal.loads(open(pyc, 'rb').read()[16:]))"), 0),
+    Case("reads_solutions", attack(
+        "import json\nnb = json.load(open('{COURSE}/solutions/01_attention/01_attention.ipynb'))\n"
+        "exec('\\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code' "
+        "and 'check_' not in ''.join(c['source'])))"), 0),
+    Case("reads_another_students_work", attack(
+        "import json\nnb = json.load(open('{COURSE}/submitted/correct/01_attention/01_attention.ipynb'))\n"
+        "exec('\\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code' "
+        "and 'check_' not in ''.join(c['source'])))"), 0),
+    Case("fetches_answers_from_the_network", attack(
+        "import urllib.request\nexec(urllib.request.urlopen('http://127.0.0.1:{GRADER_PORT}/answers.py', timeout=5).read())"),
+         0),
+    Case("rewrites_every_gradebook_it_finds", attack(
+        "import glob, os, sqlite3\n"
+        "places = ['{COURSE}'] + [os.readlink(p) for p in glob.glob('/proc/*/cwd') if os.path.exists(p)]\n"
+        "for place in places:\n"
+        "    for db in glob.glob(place + '/**/gradebook.db', recursive=True):\n"
+        "        sqlite3.connect(db).execute('update grade set auto_score = 0').connection.commit()\n"
+        "torch.os.spawnv(torch.os.P_NOWAIT, '/bin/sh', ['sh', '-c', "
+        "'find / -name gradebook.db -exec sh -c \"echo > {}\" \\\\; 2>/dev/null'])"), 0),
+    Case("leaves_a_daemon", attack(
+        "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 31337; echo > {COURSE}/gradebook.db'], "
+        "start_new_session=True)"), 0),
+    # crashes and exits
+    Case("segfault_through_ctypes", with_extra_cell("import ctypes\nctypes.string_at(0)"), "the kernel died"),
+    Case("exits_the_kernel", with_extra_cell("import os\nos._exit(0)"), "the kernel died"),
+    Case("exits_while_being_judged", lambda r: solved(
+        r, "def softmax(x, dim=-1):\n    import os\n    os._exit(3)"), "the kernel died"),
+]
+
+HONEST = [
     Case("correct", solved, 6),
     Case("correct_float64_inside", lambda r: solved(r, attention=ATTENTION_FLOAT64_INSIDE), 6),
     Case("correct_mask_minus_1e9", lambda r: solved(r, attention=ATTENTION_MINUS_1E9), 6),
     Case("correct_helper_in_own_cell",
          lambda r: solved(with_extra_cell("def scale(d_k):\n    return 1 / math.sqrt(d_k)", "imports")(r),
                           attention=ATTENTION.replace("/ math.sqrt(q.size(-1))", "* scale(q.size(-1))")), 6),
-    Case("correct_with_plots", with_extra_cell("import matplotlib.pyplot as plt\nplt.plot([1, 2])\nprint('hi')"), 6),
-    Case("reseeds_global_rng", with_extra_cell("torch.manual_seed(1234)\nimport random\nrandom.seed(0)"), 6),
-    # damaged or tampered notebook structure: repaired, graded on the learner's code
-    Case("edited_test_cell", test_cell_changed(lambda nb, c: setattr(c, "source", "pass")), 6),
-    Case("deleted_test_cell", test_cell_changed(lambda nb, c: nb.cells.remove(c)), 6),
-    Case("stripped_test_metadata", test_cell_changed(lambda nb, c: c.metadata.pop("nbgrader")), 6),
-    Case("renamed_grade_id", test_cell_changed(lambda nb, c: c.metadata.nbgrader.update(grade_id="test_mine")), 6),
-    Case("flipped_nbgrader_flags", test_cell_changed(_flip_flags), 6),
-    Case("duplicated_test_cell", test_cell_changed(_duplicate), 6),
-    Case("test_cell_made_markdown", test_cell_changed(lambda nb, c: setattr(c, "cell_type", "markdown")), 6),
+    Case("honest_prints_types", with_extra_cell(
+        "x = torch.randn(2, 3)\nprint(type(x), x.dtype, x.shape)\nprint(type(softmax), softmax(x).sum(-1))"), 6),
+    Case("honest_times_things", with_extra_cell(
+        "import time\nstart = time.perf_counter()\nsoftmax(torch.randn(200, 200))\n"
+        "print(f'{time.perf_counter() - start:.4f} s')\n%timeit -n 5 -r 2 softmax(torch.randn(50, 50))"), 6),
+    Case("honest_getattr_loop_and_frozen_weights", with_extra_cell(
+        "layer = torch.nn.Linear(4, 3)\nfor name in ['weight', 'bias']:\n    print(name, getattr(layer, name).shape)\n"
+        "layer.weight.requires_grad = False\nprint(sum(p.numel() for p in layer.parameters() if p.requires_grad))"), 6),
+    Case("honest_display_and_markdown", with_extra_cell(
+        "from IPython.display import display, Markdown\ndisplay(Markdown('**softmax** of a row sums to 1'))\n"
+        "display(softmax(torch.ones(3)))"), 6),
+    Case("honest_helper_class_with_repr", with_extra_cell(
+        "class Shape:\n    def __init__(self, t):\n        self.t = t\n\n    def __repr__(self):\n"
+        "        return f'Shape{tuple(self.t.shape)}'\n\nprint(Shape(torch.ones(2, 5)))"), 6),
+    Case("honest_standard_library", with_extra_cell(
+        "import collections, dataclasses, functools, itertools, json, random, statistics, typing\n"
+        "random.seed(0)\nprint(statistics.mean(random.random() for _ in range(10)))\n"
+        "print(json.dumps(collections.Counter('attention')))"), 6),
+    Case("honest_plots_the_weights", with_extra_cell(
+        "import matplotlib.pyplot as plt\nq, k, v = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 8)\n"
+        "_, w = scaled_dot_product_attention(q, k, v)\nplt.imshow(w, cmap='viridis')\nplt.colorbar()\nplt.show()",
+        after="scaled_dot_product_attention"), 6),
+    Case("honest_writes_and_reads_a_file", with_extra_cell(
+        "with open('notes.txt', 'w') as f:\n    f.write('softmax is shift-invariant')\nprint(open('notes.txt').read())"), 6),
+    Case("honest_runs_a_check_in_a_scratch_cell", with_extra_cell(
+        "from autograde_tests.checks import check_softmax\ncheck_softmax(softmax)"), 6),
+    Case("honest_compares_with_the_built_in", with_extra_cell(
+        "x = torch.randn(3, 5)\nprint(torch.allclose(softmax(x, -1), torch.softmax(x, -1)))\n"
+        "import torch.nn.functional as F\nprint((F.softmax(x, 0) - softmax(x, 0)).abs().max())"), 6),
+    Case("honest_getattr_by_name_in_the_answer", lambda r: solved(
+        r, "def softmax(x, dim=-1):\n    exp = getattr(torch, 'exp')\n    e = exp(x - x.amax(dim=dim, keepdim=True))\n"
+           "    return e / e.sum(dim=dim, keepdim=True)"), 6),
+    Case("honest_seeds_and_print_options", with_extra_cell(
+        "torch.manual_seed(1234)\nimport random\nrandom.seed(0)\ntorch.set_printoptions(precision=3)\n"
+        "import numpy as np\nprint(np.array(softmax(torch.ones(3)).tolist()))"), 6),
+]
+
+DAMAGED = [
+    Case("edited_test_cell", change_test_cell(lambda nb, c: setattr(c, "source", "pass")), 6),
+    Case("deleted_test_cell", change_test_cell(lambda nb, c: nb.cells.remove(c)), 6),
+    Case("stripped_test_metadata", change_test_cell(lambda nb, c: c.metadata.pop("nbgrader")), 6),
+    Case("renamed_grade_id", change_test_cell(lambda nb, c: c.metadata.nbgrader.update(grade_id="test_mine")), 6),
+    Case("flipped_nbgrader_flags", change_test_cell(_flip_flags), 6),
+    Case("duplicated_test_cell", change_test_cell(_duplicate), 6),
+    Case("test_cell_made_markdown", change_test_cell(lambda nb, c: setattr(c, "cell_type", "markdown")), 6),
     Case("changed_kernelspec", _kernelspec, 6),
     Case("old_nbformat_v3", _old_format, 6),
     Case("stale_outputs_claim_a_pass", _stale_pass, 0),
     Case("extra_torch_py_beside_it", solved, 6, extra_files=("torch.py",)),
-    # cheating: refused before anything runs
-    Case("patches_allclose", with_extra_cell("torch.allclose = lambda *a, **k: True"), "tampering detected"),
-    Case("patches_assert_close",
-         with_extra_cell("import torch.testing\ntorch.testing.assert_close = lambda *a, **k: None"), "tampering detected"),
-    Case("patches_math_isclose", with_extra_cell("math.isclose = lambda *a, **k: True"), "tampering detected"),
-    Case("patches_check_function",
-         with_extra_cell("import autograde_tests.checks\nautograde_tests.checks.check_softmax = print"), "tampering detected"),
-    Case("tensor_subclass_lies",
-         with_extra_cell("class Liar(torch.Tensor):\n    def __eq__(self, other):\n        return True"), "tampering detected"),
-    Case("swallows_exceptions",
-         with_extra_cell("get_ipython().set_custom_exc((Exception,), lambda *a, **k: None)"), "tampering detected"),
-    Case("delegates_to_reference",
-         lambda r: solved(r, attention="from autograde_tests.reference import scaled_dot_product_attention"),
-         "tampering detected"),
-    Case("forbidden_api_by_getattr",
-         lambda r: solved(r, softmax="softmax = getattr(torch, 'soft' + 'max')"), "tampering detected"),
-    Case("segfault_through_ctypes", with_extra_cell("import ctypes\nctypes.string_at(0)"), "tampering detected"),
-    Case("exits_the_kernel", with_extra_cell("import os\nos._exit(0)"), "tampering detected"),
     # mistakes the checks catch: the exercise's points are lost, nothing more
     Case("forbidden_api_renamed",
          lambda r: solved(r, softmax="from torch.nn.functional import softmax as sm\n\n"
                                      "def softmax(x, dim=-1):\n    return sm(x, dim)",
                           attention=ATTENTION_OWN_SOFTMAX), 4),
+    Case("forbidden_api_by_getattr",
+         lambda r: solved(r, softmax="softmax = getattr(torch, 'soft' + 'max')", attention=ATTENTION_OWN_SOFTMAX), 4),
     Case("hard_coded_to_visible_example",
          lambda r: solved(r, attention=ATTENTION.replace(
              "    return weights @ v, weights",
@@ -183,7 +303,7 @@ CASES = [
     Case("float32_buffer_breaks_float64",
          lambda r: solved(r, attention=ATTENTION.replace("return weights @ v, weights",
                                                          "return (weights @ v).float(), weights")), 2),
-    # crashes
+    # crashes in a cell of the learner's own
     Case("raises_system_exit", with_extra_cell("raise SystemExit(1)"), 6),
     Case("raises_keyboard_interrupt", lambda r: solved(r, attention="raise KeyboardInterrupt\n" + ATTENTION), 2),
     Case("name_error_in_one_cell", with_extra_cell("print(undefined_name)"), 6),
@@ -196,3 +316,5 @@ CASES = [
     Case("not_a_notebook_at_all", lambda r: json.dumps({"hello": "world"}).encode(), "unreadable notebook"),
     Case("notebook_under_another_name", solved, "no 01_attention.ipynb", file_name="my_attention.ipynb"),
 ]
+
+CASES = [CANARY, *HOSTILE, *HONEST, *DAMAGED]

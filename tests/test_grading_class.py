@@ -1,21 +1,26 @@
-"""`python -m autograde_tests.grading` on a scratch class: every adversarial submission gets its outcome,
-every correct one full marks, and the batch never stops; then re-runs, a failed regrade, bad arguments."""
+"""`python -m autograde_tests.grading` on a scratch class, kernels in bubblewrap: every hostile submission
+gets its exact score and steals nothing, every honest one full marks, the canary keeps its own score, and
+the batch never stops; then re-runs, a failed regrade, bad arguments."""
 
 import csv
+import functools
+import http.server
 import json
 import shutil
 import subprocess
 import sys
+import threading
 import zipfile
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from nbgrader.api import Gradebook
 
 from autograde_tests import course
 
-from .adversarial import CASES, CHAPTER, solved
+from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = ["--jobs", "2", "--timeout", "120", "--cell-timeout", "10", "--memory", "3", "--output", "200000"]
@@ -31,7 +36,19 @@ def outcomes(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
+def answers_server(tmp_path_factory):
+    """Correct answers served on the grader's loopback: a kernel that could reach it would score them."""
+    folder = tmp_path_factory.mktemp("served")
+    (folder / "answers.py").write_text(ANSWERS)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory, answers_server):
     root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
     for chapter in course.chapters(root):
         course.release(root, chapter)
@@ -41,6 +58,7 @@ def graded(tmp_path_factory):
         folder.mkdir(parents=True)
         made = case.make(nbformat.from_dict(release))
         data = made if isinstance(made, bytes) else nbformat.writes(made).encode()
+        data = data.replace(b"{COURSE}", str(root).encode()).replace(b"{GRADER_PORT}", str(answers_server).encode())
         (folder / case.file_name).write_bytes(data)
         for name in case.extra_files:
             (folder / name).write_text("raise SystemExit('a submitted file shadowed torch')\n")
@@ -64,8 +82,22 @@ def test_adversarial_submission_gets_its_outcome(graded, case):
         assert outcome["reason"].startswith(case.expected), outcome
 
 
-def test_at_least_25_adversarial_submissions():
-    assert len(CASES) >= 25
+def test_the_canary_keeps_exactly_its_score(graded):
+    root, _ = graded
+    assert outcomes(root)[f"{CANARY.student}/{CHAPTER}"]["score"] == CANARY.expected
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+        assert gradebook.find_submission(CHAPTER, CANARY.student).score == CANARY.expected
+
+
+@pytest.mark.parametrize("case", HONEST, ids=lambda c: c.student)
+def test_honest_code_is_graded_in_full_and_never_needs_attention(graded, case):
+    outcome = outcomes(graded[0])[f"{case.student}/{CHAPTER}"]
+    assert (outcome["status"], outcome["score"], outcome["max_score"]) == ("graded", 6, 6), outcome
+
+
+def test_nothing_a_submission_started_outlives_the_batch(graded):
+    assert [p.pid for p in psutil.process_iter(["cmdline"]) if "31337" in " ".join(p.info["cmdline"] or [])] == []
+    assert not Path("/tmp/pwned").exists()
 
 
 def test_every_correct_submission_of_every_chapter_gets_full_marks(graded):
@@ -102,8 +134,11 @@ def test_class_report_has_plots_failure_rates_and_mistakes(graded):
     report = (root / "reports" / "class_report.md").read_text()
     assert (root / "reports" / "scores.png").is_file() and (root / "reports" / "failures.png").is_file()
     assert "test_scaled_dot_product_attention" in report
-    assert "Most frequent diagnosed mistakes" in report and "is not written yet" in report
-    assert "tampering detected" in report
+    assert "Most frequent diagnosed mistakes" in report and "softmax: normalises over dim 0" in report
+    assert "every kernel ran in a bubblewrap sandbox" in report.lower()
+    assert f"honest_writes_and_reads_a_file / {CHAPTER}: reads or writes files" in report
+    assert f"rewrites_every_gradebook_it_finds / {CHAPTER}: reads or writes files" in report
+    assert "starts processes or shell commands: `torch.os.spawnv`" in report
 
 
 def test_rerun_grades_only_what_changed(graded):

@@ -11,9 +11,9 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 # (what the note says, imported modules, names called, attribute names) that make it
 NOTES = [
-    ("reads or writes files", set(), {"open"},
+    ("reads or writes files", {"sqlite3", "shutil", "glob"}, {"open"},
      {"read_text", "write_text", "read_bytes", "write_bytes", "unlink", "rmtree", "savetxt", "loadtxt", "tofile",
-      "fromfile"}),
+      "fromfile", "readlink", "listdir", "walk"}),
     ("starts processes or shell commands", {"subprocess", "multiprocessing", "pty"}, set(),
      {"system", "popen", "Popen", "spawnv", "spawnve", "spawnl", "fork", "execv", "execve", "posix_spawn"}),
     ("reaches the interpreter's internals (sys.modules, builtins, frames, ctypes, the IPython shell)",

@@ -44,14 +44,13 @@ class GraderExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self.printed = 0
-        learner_cells = [c.source for c in nb.cells if c.cell_type == "code" and not is_test_cell(c)]
-        self.reach = Reach(learner_cells)
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):
             return super().preprocess_cell(cell, resources, index)
-        session = Session(lambda request: self._ask(request, index), static_names=self.reach)
+        before = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not is_test_cell(c)]
+        session = Session(lambda request: self._ask(request, index), static_names=Reach(before))
         cell.outputs = judge.judge(cell.source, session)
         self.nb.cells[index] = cell  # nbclient put each request's cell in its place
         return cell, resources

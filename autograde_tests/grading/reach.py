@@ -1,5 +1,7 @@
 """What the learner's source reaches: the grader's own reading of it, for the exercises that forbid built-ins.
 
+Read from the cells that run before a test cell, as they bind names in order.
+
 At run time a check records the torch functions the learner's code calls, but in a graded run that
 record comes from the learner's kernel, which could hide it. So the grader also reads the source: from
 the learner's definition of, say, ``softmax``, it follows every name the learner defined (helpers,
@@ -28,29 +30,40 @@ class Reach:
             for node in _parse(source):
                 self._define(node)
 
-    def _define(self, node: ast.AST) -> None:
+    def _define(self, node: ast.AST, conditional: bool = False) -> None:
+        """Record what ``node`` binds at the top level: a later binding replaces an earlier one, as it does
+        when the cells run, unless it sits in a branch that may not run (then both are kept)."""
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            self.definitions.setdefault(node.name, []).append(node)
+            self._bind(node.name, node, None, conditional)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for name in ast.walk(target):
                     if isinstance(name, ast.Name):
-                        self.definitions.setdefault(name.id, []).append(node)
+                        self._bind(name.id, node, None, conditional or isinstance(node, ast.AugAssign))
         elif isinstance(node, ast.Import):
             for alias in node.names:
-                self.imports[alias.asname or alias.name.split(".")[0]] = alias.name
+                self._bind(alias.asname or alias.name.split(".")[0], None, alias.name, conditional)
         elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
-                self.imports[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
+                self._bind(alias.asname or alias.name, None, f"{node.module or ''}.{alias.name}", conditional)
         elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
             for child in ast.iter_child_nodes(node):
-                self._define(child)
+                self._define(child, conditional=not isinstance(node, ast.With))
         for inner in ast.walk(node):
             if isinstance(inner, ast.ClassDef):
                 self.own_attributes |= {n.name for n in inner.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             elif isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store):
                 self.own_attributes.add(inner.attr)
+
+    def _bind(self, name: str, definition: ast.AST | None, imported: str | None, conditional: bool) -> None:
+        if not conditional:
+            self.definitions.pop(name, None)
+            self.imports.pop(name, None)
+        if definition is not None:
+            self.definitions.setdefault(name, []).append(definition)
+        if imported is not None:
+            self.imports[name] = imported
 
     def __call__(self, name: str) -> set[str]:
         """The outside names that the learner's definition of ``name`` reaches, directly or through its own."""
