@@ -12,6 +12,7 @@ and a fake answer passes only if it is the right answer.
 
 import contextlib
 import copy
+import functools
 import importlib
 import pickle
 from collections.abc import Callable, Iterator
@@ -95,7 +96,7 @@ class Agent:
     def _run(self, path: str, *args, **kwargs):
         """Call a course function here, next to the learner's objects (e.g. a probe on meta tensors)."""
         module, _, name = path.partition(":")
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+        return functools.reduce(getattr, name.split("."), importlib.import_module(module))(*args, **kwargs)
 
 
 @contextlib.contextmanager
