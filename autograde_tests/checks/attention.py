@@ -11,12 +11,11 @@ import torch
 
 from ..reference import attention as ref
 from .harness import (
-    DTYPES,
     Inputs,
     Mistake,
     call,
+    candidates,
     close,
-    devices,
     expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
@@ -24,7 +23,7 @@ from .harness import (
     forbid_ops,
     largest_error,
     name_the_mistake,
-    passed,
+    run_cases,
     strict_numerics,
 )
 
@@ -71,23 +70,20 @@ def check_softmax(softmax, hidden: bool = False) -> None:
     name = "softmax"
     cases = HIDDEN_SOFTMAX if hidden else VISIBLE_SOFTMAX
     seed = 1000 if hidden else 0
+    def check_case(i: int, case: SoftmaxCase, device, dtype) -> None:
+        x = _softmax_input(case, seed + i)
+        expected = ref.softmax(x, dim=case.dim)
+        x = x.to(dtype=dtype, device=device)
+        before = x.clone()
+        out = call(name, softmax, x, dim=case.dim)
+        expect_tensor(name, "the output", out, x.shape, like=x)
+        expect_unchanged(name, {"x": (x, before)})
+        _expect_softmax_values(name, out, expected, x, case)
+
     with strict_numerics():
         forbid_ops(name, softmax, (_softmax_input(cases[0], seed),), FORBIDDEN)
-        count = 0
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    x = _softmax_input(case, seed + i)
-                    expected = ref.softmax(x, dim=case.dim)
-                    x = x.to(dtype=dtype, device=device)
-                    before = x.clone()
-                    out = call(name, softmax, x, dim=case.dim)
-                    expect_tensor(name, "the output", out, x.shape, like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    _expect_softmax_values(name, out, expected, x, case)
-                    count += 1
-        expect_device_agnostic(name, lambda x: softmax(x, dim=-1), (_softmax_input(cases[0], seed),))
-    passed(name, count)
+        run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
+            name, softmax, (_softmax_input(cases[0], seed),), {"dim": -1}))
 
 
 def _expect_softmax_values(name, out, expected, x, case: SoftmaxCase) -> None:
@@ -230,31 +226,21 @@ MISTAKES = [
 ]
 
 
-def _mistaken_results(q, k, v, mask):
-    for mistake in MISTAKES:
-        try:
-            yield mistake, mistake.compute(q, k, v, mask)
-        except TypeError:  # a mask mistake needs a mask
-            yield mistake, None
-
-
 def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: bool = False) -> None:
     """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None) -> (output, weights)``."""
     name = "scaled_dot_product_attention"
     cases = HIDDEN_ATTENTION if hidden else VISIBLE_ATTENTION
     seed = 2000 if hidden else 100
-    with strict_numerics():
-        masked_case = next(c for c in cases if c.mask is not None)
-        forbid_ops(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
-        count = 0
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    _check_attention_case(name, scaled_dot_product_attention, case, seed + i, dtype, device)
-                    count += 1
+    masked_case = next(c for c in cases if c.mask is not None)
+
+    def device_agnostic() -> None:
         for case in (cases[0], masked_case):
             expect_device_agnostic(name, scaled_dot_product_attention, _attention_inputs(case, seed))
-    passed(name, count)
+
+    with strict_numerics():
+        forbid_ops(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
+        run_cases(name, cases, lambda i, case, device, dtype: _check_attention_case(
+            name, scaled_dot_product_attention, case, seed + i, dtype, device), after=device_agnostic)
 
 
 def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype, device) -> None:
@@ -275,10 +261,9 @@ def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype
     _expect_no_nan(name, out, weights, inputs64[3])
     if close(out, expected[0]) and close(weights, expected[1]):
         return
-    mistaken = list(_mistaken_results(*inputs64))
     if not close(weights, expected[1]):
-        name_the_mistake(name, "the weights", weights, expected[1], ((m, None if r is None else r[1]) for m, r in mistaken))
-    name_the_mistake(name, "the output", out, expected[0], ((m, None if r is None else r[0]) for m, r in mistaken))
+        name_the_mistake(name, "the weights", weights, expected[1], candidates(MISTAKES, *inputs64, part=1))
+    name_the_mistake(name, "the output", out, expected[0], candidates(MISTAKES, *inputs64, part=0))
 
 
 def _expect_no_nan(name, out, weights, mask) -> None:

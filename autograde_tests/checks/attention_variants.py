@@ -16,22 +16,23 @@ import torch
 
 from ..reference import attention_variants as ref
 from .harness import (
-    DTYPES,
     ON_A_FIXED_DEVICE,
     Inputs,
     Mistake,
     call,
+    candidates,
     close,
     construct,
     copy_weights,
-    devices,
     expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
     fail,
+    grid,
     is_module,
     largest_error,
     passed,
+    run_cases,
     strict_numerics,
     type_name,
 )
@@ -56,11 +57,11 @@ def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> Non
         fail(name, f"{ON_A_FIXED_DEVICE}: the mask is on {out.device.type}, expected {device.type}", FIXED_DEVICE)
 
 
-def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, candidates, what: str) -> None:
+def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, made, what: str) -> None:
     """Masks are exact: compare with torch.equal, name the first mistake that matches."""
     out = out.cpu()
-    for mistake, result in candidates:
-        if torch.equal(out, result):
+    for mistake, result in made:
+        if isinstance(result, torch.Tensor) and torch.equal(out, result):
             fail(name, mistake.problem, mistake.hint)
     wrong = (out != expected).nonzero()[0].tolist()
     fail(name, f"{what}: wrong at index {tuple(wrong)}: got {bool(out[tuple(wrong)])}, expected {not out[tuple(wrong)]}")
@@ -96,21 +97,21 @@ def check_causal_mask(causal_mask, hidden: bool = False) -> None:
     """Check a learner's ``causal_mask(size, device=None)``: (size, size) bool, True on and below the diagonal."""
     name = "causal_mask"
     sizes = HIDDEN_SIZES if hidden else VISIBLE_SIZES
-    count = 0
-    for device in devices():
-        for size in sizes:
-            out = call(name, causal_mask, size, device=device)
-            _expect_bool_mask(name, out, (size, size), device)
-            expected = ref.causal_mask(size)
-            if not torch.equal(out.cpu(), expected):
-                candidates = ((m, m.compute(size)) for m in CAUSAL_MISTAKES)
-                _name_the_mask_mistake(name, out, expected, candidates, f"causal_mask({size})")
-            count += 1
-    _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
-    meta = call(name, causal_mask, 3, device=torch.device("meta"))
-    if not isinstance(meta, torch.Tensor) or meta.device.type != "meta":
-        fail(name, f"ignores its device argument: it {ON_A_FIXED_DEVICE}", "pass device=device to the tensor you create.")
-    passed(name, count, dtypes=(torch.bool,))
+
+    def check_case(i: int, size: int, device, dtype) -> None:
+        out = call(name, causal_mask, size, device=device)
+        _expect_bool_mask(name, out, (size, size), device)
+        expected = ref.causal_mask(size)
+        if not torch.equal(out.cpu(), expected):
+            _name_the_mask_mistake(name, out, expected, candidates(CAUSAL_MISTAKES, size), f"causal_mask({size})")
+
+    def default_and_meta_devices() -> None:
+        _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
+        meta = call(name, causal_mask, 3, device=torch.device("meta"))
+        if not isinstance(meta, torch.Tensor) or meta.device.type != "meta":
+            fail(name, f"ignores its device argument: it {ON_A_FIXED_DEVICE}", "pass device=device to the tensor you create.")
+
+    run_cases(name, sizes, check_case, after=default_and_meta_devices, dtypes=(torch.bool,))
 
 
 # ---------------------------------------------------------------------------------------- padding_mask
@@ -136,28 +137,28 @@ def check_padding_mask(padding_mask, hidden: bool = False) -> None:
     """Check a learner's ``padding_mask(lengths, max_len=None)``: (B, max_len) bool, True for real tokens."""
     name = "padding_mask"
     cases = HIDDEN_LENGTHS if hidden else VISIBLE_LENGTHS
-    count = 0
-    for device in devices():
-        for values, max_len in cases:
-            lengths = torch.tensor(values, device=device)
-            before = lengths.clone()
-            out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
-            width = max(values) if max_len is None else max_len
-            narrow = (len(values), max(values))
-            if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
-                fail(name, f"ignores max_len={max_len}: the mask is only as wide as the longest sequence")
-            if isinstance(out, torch.Tensor) and tuple(out.shape) == (width, len(values)) != (len(values), width):
-                fail(name, f"returns (max_len, B) = {tuple(out.shape)}: the mask is transposed", "one row per sequence.")
-            _expect_bool_mask(name, out, (len(values), width), device)
-            expect_unchanged(name, {"lengths": (lengths, before)})
-            expected = ref.padding_mask(torch.tensor(values), width)
-            if not torch.equal(out.cpu(), expected):
-                candidates = ((m, m.compute(torch.tensor(values), width)) for m in PADDING_MISTAKES)
-                _name_the_mask_mistake(name, out, expected, candidates, f"padding_mask({list(values)}, {max_len})")
-            count += 1
+
+    def check_case(i: int, case: tuple, device, dtype) -> None:
+        values, max_len = case
+        lengths = torch.tensor(values, device=device)
+        before = lengths.clone()
+        out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
+        width = max(values) if max_len is None else max_len
+        narrow = (len(values), max(values))
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
+            fail(name, f"ignores max_len={max_len}: the mask is only as wide as the longest sequence")
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (width, len(values)) != (len(values), width):
+            fail(name, f"returns (max_len, B) = {tuple(out.shape)}: the mask is transposed", "one row per sequence.")
+        _expect_bool_mask(name, out, (len(values), width), device)
+        expect_unchanged(name, {"lengths": (lengths, before)})
+        expected = ref.padding_mask(torch.tensor(values), width)
+        if not torch.equal(out.cpu(), expected):
+            made = candidates(PADDING_MISTAKES, torch.tensor(values), width)
+            _name_the_mask_mistake(name, out, expected, made, f"padding_mask({list(values)}, {max_len})")
+
     values, max_len = next((v, w) for v, w in cases if w is not None)
-    expect_device_agnostic(name, lambda lengths: padding_mask(lengths, max_len), (torch.tensor(values),))
-    passed(name, count, dtypes=(torch.bool,))
+    run_cases(name, cases, check_case, dtypes=(torch.bool,),
+              after=lambda: expect_device_agnostic(name, padding_mask, (torch.tensor(values), max_len)))
 
 
 # ----------------------------------------------------------------------------------------- the modules
@@ -370,12 +371,11 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
                 fail(name, "has no attribute `attn`", HOLD_ATTN)
             inputs64 = _inputs(variant, case, seed + i)
             expected = _forward(variant, reference, *inputs64)
-            for device in devices():
-                for dtype in DTYPES:
-                    learner.to(dtype=dtype, device=device)
-                    copy_weights(name, learner, reference, HOLD_ATTN)
-                    _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed + i)
-                    count += 1
+            for device, dtype in grid():
+                learner.to(dtype=dtype, device=device)
+                copy_weights(name, learner, reference, HOLD_ATTN)
+                _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed + i)
+                count += 1
         case = next(c for c in cases if c.lengths is not None)
         meta_module = construct(name, cls, case.d_model, case.n_heads).to("meta")
         x, memory, pm = _inputs(variant, case, seed)
@@ -410,9 +410,8 @@ def _check_case(variant, learner, reference, case, inputs64, expected, dtype, de
             "MultiHeadAttention, not an additive -inf mask.",
         )
     if not close(out, expected):
-        for mistake in variant.mistakes:
-            result = mistake.compute(reference, *inputs64)
-            if result is not None and close(out, result):
+        for mistake, result in candidates(variant.mistakes, reference, *inputs64):
+            if isinstance(result, torch.Tensor) and result.shape == out.shape and close(out, result):
                 fail(name, mistake.problem, mistake.hint)
     _expect_properties(variant, learner, case, out, x, memory, pm, seed)
     if not close(out, expected):

@@ -17,10 +17,10 @@ from torch import nn
 from ..reference import ffn_layernorm_residual as ref
 from . import beside
 from .harness import (
-    DTYPES,
     Inputs,
     Mistake,
     call,
+    candidates,
     close,
     construct,
     copy_weights,
@@ -29,6 +29,7 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    grid,
     is_a,
     is_module,
     largest_error,
@@ -37,6 +38,7 @@ from .harness import (
     name_the_mistake,
     passed,
     run_beside,
+    run_cases,
     strict_numerics,
     type_name,
 )
@@ -60,17 +62,6 @@ def _randomise(module: nn.Module, draw: Inputs) -> nn.Module:
             else:
                 p.copy_(0.5 * noise)
     return module
-
-
-def _candidates(mistakes: list[Mistake], *args):
-    """Pairs (mistake, what the mistaken code returns on ``args``); None where it does not apply."""
-    for mistake in mistakes:
-        try:
-            with torch.no_grad():
-                result = mistake.compute(*args)
-        except (TypeError, ValueError, RuntimeError):
-            result = None
-        yield mistake, result
 
 
 def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
@@ -144,29 +135,27 @@ def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = Fals
     name = "PositionwiseFeedForward"
     cases = HIDDEN_FFN if hidden else VISIBLE_FFN
     seed = 4100 if hidden else 400
+
+    def check_case(i: int, case: FeedForwardCase, device, dtype) -> None:
+        module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
+        reference = _reference_ffn(case, seed + i)
+        copy_weights(name, module.to(torch.float64), reference, FFN_HINT)
+        module.to(device=device, dtype=dtype)
+        x64 = _ffn_input(case, seed + i)
+        x = x64.to(device=device, dtype=dtype)
+        before = x.clone()
+        out = call(name, module, x)
+        expect_tensor(name, "the output", out, x.shape, like=x)
+        expect_unchanged(name, {"x": (x, before)})
+        out = out.detach()
+        _expect_deterministic(name, out, lambda: module(x).detach())
+        expected = reference(x64).detach()
+        if not close(out, expected):
+            name_the_mistake(name, "the output", out, expected, candidates(FFN_MISTAKES, x64, reference))
+
     with strict_numerics():
         _expect_position_wise(name, PositionwiseFeedForward, cases[0], seed)
-        count = 0
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
-                    reference = _reference_ffn(case, seed + i)
-                    copy_weights(name, module.to(torch.float64), reference, FFN_HINT)
-                    module.to(device=device, dtype=dtype)
-                    x64 = _ffn_input(case, seed + i)
-                    x = x64.to(device=device, dtype=dtype)
-                    before = x.clone()
-                    out = call(name, module, x)
-                    expect_tensor(name, "the output", out, x.shape, like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    out = out.detach()
-                    _expect_deterministic(name, out, lambda: module(x).detach())
-                    expected = reference(x64).detach()
-                    if not close(out, expected):
-                        name_the_mistake(name, "the output", out, expected, _candidates(FFN_MISTAKES, x64, reference))
-                    count += 1
-    passed(name, count)
+        run_cases(name, cases, check_case)
 
 
 def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, seed: int) -> None:
@@ -298,24 +287,23 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
             x64 = Inputs(seed + i).randn(case.batch, case.length, case.d_model)
             with torch.no_grad():
                 expected = ffn64(x64)
-            for device in devices():
-                for dtype in DTYPES:
-                    conv.to(device=device, dtype=dtype)
-                    x = x64.to(device=device, dtype=dtype)
-                    before = x.clone()
-                    _expect_convolutions_do_the_work(name, conv, x)
-                    out = call(name, conv, x)
-                    expect_tensor(name, "the output", out, x.shape, like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    out = out.detach()
-                    if not close(out, expected):
-                        _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
-                    count += 1
+            for device, dtype in grid():
+                conv.to(device=device, dtype=dtype)
+                x = x64.to(device=device, dtype=dtype)
+                before = x.clone()
+                _expect_convolutions_do_the_work(name, conv, x)
+                out = call(name, conv, x)
+                expect_tensor(name, "the output", out, x.shape, like=x)
+                expect_unchanged(name, {"x": (x, before)})
+                out = out.detach()
+                if not close(out, expected):
+                    _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
+                count += 1
     passed(name, count)
 
 
 def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
-    for mistake, result in _candidates(CONV_MISTAKES, x64, ffn64):
+    for mistake, result in candidates(CONV_MISTAKES, x64, ffn64):
         if isinstance(result, torch.Tensor) and close(out, result):
             fail(name, mistake.problem, mistake.hint)
     layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
@@ -459,30 +447,29 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
     name = "LayerNorm"
     cases = HIDDEN_LAYER_NORM if hidden else VISIBLE_LAYER_NORM
     seed = 4300 if hidden else 430
-    with strict_numerics():
-        count = 0
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    module = _loaded_layer_norm(name, LayerNorm, case, seed + i, device, dtype)
-                    x64 = _layer_norm_input(case, seed + i)
-                    x = x64.to(device=device, dtype=dtype)
-                    before = x.clone()
-                    out = call(name, module, x)
-                    expect_tensor(name, "the output", out, x.shape, like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    out = out.detach()
-                    reference = _reference_layer_norm(case, seed + i)
-                    expected = reference(x64).detach()
-                    if not close(out, expected):
-                        candidates = _candidates(LAYER_NORM_MISTAKES, x64, reference)
-                        name_the_mistake(name, "the output", out, expected, candidates)
-                    count += 1
-            for dtype in DTYPES:
-                _expect_layer_norm_gradients(name, LayerNorm, cases[0], seed, device, dtype)
+
+    def check_case(i: int, case: LayerNormCase, device, dtype) -> None:
+        module = _loaded_layer_norm(name, LayerNorm, case, seed + i, device, dtype)
+        x64 = _layer_norm_input(case, seed + i)
+        x = x64.to(device=device, dtype=dtype)
+        before = x.clone()
+        out = call(name, module, x)
+        expect_tensor(name, "the output", out, x.shape, like=x)
+        expect_unchanged(name, {"x": (x, before)})
+        out = out.detach()
+        reference = _reference_layer_norm(case, seed + i)
+        expected = reference(x64).detach()
+        if not close(out, expected):
+            name_the_mistake(name, "the output", out, expected, candidates(LAYER_NORM_MISTAKES, x64, reference))
+
+    def gradients_and_devices() -> None:
+        for device, dtype in grid():
+            _expect_layer_norm_gradients(name, LayerNorm, cases[0], seed, device, dtype)
         module = _loaded_layer_norm(name, LayerNorm, cases[0], seed, torch.device("cpu"), torch.float64)
         expect_device_agnostic(name, _module_on_meta(module), (_layer_norm_input(cases[0], seed),))
-    passed(name, count)
+
+    with strict_numerics():
+        run_cases(name, cases, check_case, after=gradients_and_devices)
 
 
 def _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype) -> nn.Module:
@@ -645,19 +632,18 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
     name = "SublayerConnection"
     cases = HIDDEN_SUBLAYER if hidden else VISIBLE_SUBLAYER
     seed = 4400 if hidden else 440
-    with strict_numerics():
-        count = 0
+
+    def training_mode_and_devices() -> None:
         for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    _check_sublayer_case(name, SublayerConnection, case, seed + i, device, dtype)
-                    count += 1
             for i, case in enumerate(cases[:2]):  # one Post-LN and one Pre-LN case, in training mode
                 _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, seed + i, device)
         module = _sublayer_connection(name, SublayerConnection, cases[0], seed, torch.device("cpu"), torch.float64)
         sublayer = _sublayer(cases[0], seed, torch.device("meta"))
         expect_device_agnostic(name, _module_on_meta(module), (_sublayer_input(cases[0], seed), sublayer))
-    passed(name, count)
+
+    with strict_numerics():
+        run_cases(name, cases, lambda i, case, device, dtype: _check_sublayer_case(
+            name, SublayerConnection, case, seed + i, device, dtype), after=training_mode_and_devices)
 
 
 def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int, device, dtype) -> None:
@@ -682,9 +668,9 @@ def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int
         expected = (_pre if case.norm_first else _post)(x64, f, norm)
         if close(out, expected):
             return
-        candidates = list(_candidates(SUBLAYER_MISTAKES, x64, f, norm, case.norm_first))
+        made = list(candidates(SUBLAYER_MISTAKES, x64, f, norm, case.norm_first))
     placement = "Pre-LN (norm_first=True)" if case.norm_first else "Post-LN (norm_first=False)"
-    name_the_mistake(name, f"the {placement} output", out, expected, candidates)
+    name_the_mistake(name, f"the {placement} output", out, expected, made)
 
 
 def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: SublayerCase, seed: int, device) -> None:

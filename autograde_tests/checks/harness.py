@@ -34,6 +34,22 @@ def devices() -> list[torch.device]:
     return found
 
 
+def grid(dtypes=DTYPES) -> list[tuple[torch.device, torch.dtype]]:
+    """Every (device, dtype) a check runs its cases on."""
+    return [(device, dtype) for device in devices() for dtype in dtypes]
+
+
+def run_cases(name: str, cases: list, check_case: Callable, after: Callable = lambda: None, dtypes=DTYPES) -> None:
+    """The case runner: ``check_case(index, case, device, dtype)`` for every case on every (device, dtype),
+    then ``after()`` (the checks that are not per case), then the pass line. A case fails by raising
+    AssertionError (``fail``), so the pass line is printed only when nothing failed."""
+    for device, dtype in grid(dtypes):
+        for index, case in enumerate(cases):
+            check_case(index, case, device, dtype)
+    after()
+    passed(name, len(cases) * len(grid(dtypes)), dtypes)
+
+
 @contextlib.contextmanager
 def strict_numerics() -> Iterator[None]:
     """TF32 off for the duration of a check: its 10-bit mantissa would hide real mistakes in float32."""
@@ -161,15 +177,32 @@ class Mistake:
     compute: Callable  # called with the case's float64 CPU inputs; returns what the mistaken code would
 
 
+def candidates(mistakes: Iterable[Mistake], *args, part: int | None = None) -> Iterator[tuple[Mistake, object]]:
+    """Each mistake with what the mistaken code returns on ``args`` (``part`` picks one result of a tuple).
+
+    The one rule for "does not apply": a mistake whose computation raises, or returns None, is skipped;
+    it can never stop a check.
+    """
+    for mistake in mistakes:
+        try:
+            with torch.no_grad():
+                result = mistake.compute(*args)
+            if part is not None and isinstance(result, tuple):
+                result = result[part]
+        except Exception:  # e.g. a mask mistake on a case without a mask, or shapes it cannot take
+            result = None
+        yield mistake, result
+
+
 def name_the_mistake(
     name: str, what: str, actual: torch.Tensor, expected: torch.Tensor, candidates: Iterable[tuple[Mistake, object]]
 ) -> None:
     """Fail naming the first mistake whose result matches ``actual``, else with the largest error.
 
-    ``candidates`` pairs each mistake with its result for this case (``None`` when it does not apply).
+    ``candidates`` pairs each mistake with its result for this case (see ``candidates``).
     """
     for mistake, result in candidates:
-        if isinstance(result, torch.Tensor) and close(actual, result):
+        if isinstance(result, torch.Tensor) and result.shape == actual.shape and close(actual, result):
             fail(name, mistake.problem, mistake.hint)
     fail(name, f"{what} differs from the reference: {largest_error(actual, expected)}")
 

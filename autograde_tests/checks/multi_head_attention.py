@@ -15,21 +15,22 @@ from torch import nn
 from ..reference import multi_head_attention as ref
 from ..reference.attention import scaled_dot_product_attention
 from .harness import (
-    DTYPES,
     Inputs,
     Mistake,
     call,
+    candidates,
     close,
     construct,
     copy_weights,
-    devices,
     expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
     fail,
+    grid,
     largest_error,
     name_the_mistake,
     passed,
+    run_cases,
     strict_numerics,
 )
 
@@ -115,32 +116,28 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
     name = "split_heads"
     cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
     seed = 3000 if hidden else 300
-    count = 0
+
+    def check_case(i: int, case: HeadsCase, device, dtype) -> None:
+        B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
+        x64 = Inputs(seed + i).randn(B, T, h * d_k)
+        x = x64.to(dtype=dtype, device=device)
+        before = x.clone()
+        out = _call_reporting_views(name, split_heads, x, h)
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
+            fail(
+                name,
+                f"each head has d_model = {h * d_k} features instead of d_k = d_model / h = {d_k}",
+                "the h heads share the d_model features: d_k = d_model // n_heads.",
+            )
+        expect_tensor(name, "the output", out, (B, h, T, d_k), like=x)
+        expect_unchanged(name, {"x": (x, before)})
+        expected = ref.split_heads(x64, h)
+        if not close(out, expected):
+            name_the_mistake(name, "the output", out, expected, candidates(SPLIT_MISTAKES, x64, h))
+
     with strict_numerics():
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
-                    x64 = Inputs(seed + i).randn(B, T, h * d_k)
-                    x = x64.to(dtype=dtype, device=device)
-                    before = x.clone()
-                    out = _call_reporting_views(name, split_heads, x, h)
-                    if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
-                        fail(
-                            name,
-                            f"each head has d_model = {h * d_k} features instead of d_k = d_model / h = {d_k}",
-                            "the h heads share the d_model features: d_k = d_model // n_heads.",
-                        )
-                    expect_tensor(name, "the output", out, (B, h, T, d_k), like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    expected = ref.split_heads(x64, h)
-                    if not close(out, expected):
-                        name_the_mistake(
-                            name, "the output", out, expected, ((m, m.compute(x64, h)) for m in SPLIT_MISTAKES)
-                        )
-                    count += 1
-        expect_device_agnostic(name, lambda x: split_heads(x, cases[0].n_heads), (Inputs(seed).randn(2, 3, 8),))
-    passed(name, count)
+        run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
+            name, split_heads, (Inputs(seed).randn(2, 3, 8), cases[0].n_heads)))
 
 
 def check_merge_heads(merge_heads, hidden: bool = False) -> None:
@@ -148,26 +145,22 @@ def check_merge_heads(merge_heads, hidden: bool = False) -> None:
     name = "merge_heads"
     cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
     seed = 3100 if hidden else 310
-    count = 0
+
+    def check_case(i: int, case: HeadsCase, device, dtype) -> None:
+        B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
+        x64 = Inputs(seed + i).randn(B, h, T, d_k)
+        x = x64.to(dtype=dtype, device=device)
+        before = x.clone()
+        out = _call_reporting_views(name, merge_heads, x)
+        expect_tensor(name, "the output", out, (B, T, h * d_k), like=x)
+        expect_unchanged(name, {"x": (x, before)})
+        expected = ref.merge_heads(x64)
+        if not close(out, expected):
+            name_the_mistake(name, "the output", out, expected, candidates(MERGE_MISTAKES, x64))
+
     with strict_numerics():
-        for device in devices():
-            for dtype in DTYPES:
-                for i, case in enumerate(cases):
-                    B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
-                    x64 = Inputs(seed + i).randn(B, h, T, d_k)
-                    x = x64.to(dtype=dtype, device=device)
-                    before = x.clone()
-                    out = _call_reporting_views(name, merge_heads, x)
-                    expect_tensor(name, "the output", out, (B, T, h * d_k), like=x)
-                    expect_unchanged(name, {"x": (x, before)})
-                    expected = ref.merge_heads(x64)
-                    if not close(out, expected):
-                        name_the_mistake(
-                            name, "the output", out, expected, ((m, m.compute(x64)) for m in MERGE_MISTAKES)
-                        )
-                    count += 1
-        expect_device_agnostic(name, merge_heads, (Inputs(seed).randn(2, 2, 3, 4),))
-    passed(name, count)
+        run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
+            name, merge_heads, (Inputs(seed).randn(2, 2, 3, 4),)))
 
 
 # ---------------------------------------------------------------------------------- MultiHeadAttention
@@ -366,12 +359,11 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
                 inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4],
                 need_weights=False,
             )
-            for device in devices():
-                for dtype in DTYPES:
-                    learner.to(dtype=dtype, device=device)
-                    copy_weights(name, learner, reference, CONTRACT)
-                    _check_mha_case(name, learner, reference, case, inputs[:3], expected, torch_output, dtype, device)
-                    count += 1
+            for device, dtype in grid():
+                learner.to(dtype=dtype, device=device)
+                copy_weights(name, learner, reference, CONTRACT)
+                _check_mha_case(name, learner, reference, case, inputs[:3], expected, torch_output, dtype, device)
+                count += 1
         masked = next(c for c in cases if c.mask is not None)
         learner = construct(name, MultiHeadAttention, masked.d_model, masked.n_heads).to("meta")
         expect_device_agnostic(name, learner, _mha_inputs(masked, seed)[:3])
@@ -395,10 +387,9 @@ def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_ou
     if torch.isnan(out).any() or torch.isnan(weights).any():
         fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
     if not (close(out, expected[0]) and close(weights, expected[1])):
-        mistaken = [(m, m.compute(reference, *inputs64) or (None, None)) for m in MHA_MISTAKES]
         if not close(weights, expected[1]):
-            name_the_mistake(name, "the weights", weights, expected[1], ((m, r[1]) for m, r in mistaken))
-        name_the_mistake(name, "the output", out, expected[0], ((m, r[0]) for m, r in mistaken))
+            name_the_mistake(name, "the weights", weights, expected[1], candidates(MHA_MISTAKES, reference, *inputs64, part=1))
+        name_the_mistake(name, "the output", out, expected[0], candidates(MHA_MISTAKES, reference, *inputs64, part=0))
     if not close(out, torch_output):
         fail(
             name,

@@ -26,6 +26,7 @@ from .harness import (
     Inputs,
     Mistake,
     call,
+    candidates,
     close,
     construct,
     devices,
@@ -33,6 +34,7 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    grid,
     learner_step,
     make_beside,
     name_the_mistake,
@@ -103,17 +105,6 @@ def load_reference_weights(name: str, learner: nn.Module, reference: nn.Module, 
         if have[key].shape != value.shape:
             fail(name, f"parameter {key} has shape {tuple(have[key].shape)}, expected {tuple(value.shape)}", hint)
     learner.load_state_dict(want, strict=False)
-
-
-def _candidates(mistakes: list[Mistake], *args):
-    """Pairs (mistake, what the mistaken code returns on ``args``); None where it does not apply."""
-    for mistake in mistakes:
-        try:
-            with torch.no_grad():
-                result = mistake.compute(*args)
-        except (TypeError, ValueError, RuntimeError, IndexError):
-            result = None
-        yield mistake, result
 
 
 def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
@@ -201,7 +192,7 @@ def check_positional_encoding(positional_encoding, hidden: bool = False) -> None
                 expect_tensor(name, "the output", out, expected.shape, like=like)
                 if not close(out, expected):
                     name_the_mistake(
-                        name, "the encoding", out, expected, ((m, m.compute(max_len, d_model)) for m in PE_MISTAKES)
+                        name, "the encoding", out, expected, candidates(PE_MISTAKES, max_len, d_model)
                     )
                 count += 1
     passed(name, count)
@@ -408,23 +399,22 @@ def _check_layer(name, Layer, reference_cls, case: LayerCase, seed: int, hint: s
     with torch.no_grad():
         expected = reference(*args64)
     count = 0
-    for device in devices():
-        for dtype in DTYPES:
-            learner = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, case.dropout, case.norm_first)
-            _expect_layer_parameters(name, learner.to(device=device, dtype=dtype), reference, hint)
-            args = _to(args64, device, dtype)
-            before = {f"argument {i}": (t, t.clone()) for i, t in enumerate(args) if t is not None}
-            with torch.no_grad():
-                out = call(name, learner, *_strip(args))
-                expect_tensor(name, "the output", out, expected.shape, like=args[0])
-                expect_unchanged(name, before)
-                if not close(call(name, learner, *_strip(args)), out):
-                    fail(name, *DROPOUT_IN_EVAL)
-            if not close(out, expected):
-                placement = "Pre-LN" if case.norm_first else "Post-LN"
-                candidates = _candidates(mistakes, reference, *args64, case.norm_first)
-                name_the_mistake(name, f"the {placement} output", out, expected, candidates)
-            count += 1
+    for device, dtype in grid():
+        learner = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, case.dropout, case.norm_first)
+        _expect_layer_parameters(name, learner.to(device=device, dtype=dtype), reference, hint)
+        args = _to(args64, device, dtype)
+        before = {f"argument {i}": (t, t.clone()) for i, t in enumerate(args) if t is not None}
+        with torch.no_grad():
+            out = call(name, learner, *_strip(args))
+            expect_tensor(name, "the output", out, expected.shape, like=args[0])
+            expect_unchanged(name, before)
+            if not close(call(name, learner, *_strip(args)), out):
+                fail(name, *DROPOUT_IN_EVAL)
+        if not close(out, expected):
+            placement = "Pre-LN" if case.norm_first else "Post-LN"
+            made = candidates(mistakes, reference, *args64, case.norm_first)
+            name_the_mistake(name, f"the {placement} output", out, expected, made)
+        count += 1
     return count
 
 
@@ -691,12 +681,11 @@ def check_transformer(Transformer, hidden: bool = False) -> None:
             inputs64 = _model_inputs(case, seed + i)
             states = _stand_in_states(case, seed + i)
             swapped = _with_stand_in_layers(copy.deepcopy(reference), states)
-            for device in devices():
-                for dtype in DTYPES:
-                    model = _with_stand_in_layers(_learner_copy(name, learner64, reference, device, dtype), states)
-                    with default_dtype(dtype):
-                        _check_model_case(name, model.to(device=device, dtype=dtype), swapped, inputs64, device, dtype)
-                    count += 1
+            for device, dtype in grid():
+                model = _with_stand_in_layers(_learner_copy(name, learner64, reference, device, dtype), states)
+                with default_dtype(dtype):
+                    _check_model_case(name, model.to(device=device, dtype=dtype), swapped, inputs64, device, dtype)
+                count += 1
             with default_dtype(torch.float64):
                 _expect_properties(name, _learner_copy(name, learner64, reference, "cpu", torch.float64), inputs64)
         case = cases[0]
@@ -718,8 +707,8 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
         memory = call(f"{name}.encode", model.encode, src, src_mask)
         expect_tensor(f"{name}.encode", "the memory", memory, memory64.shape, like=like)
         if not close(memory, memory64):
-            candidates = _candidates(ENCODE_MISTAKES, reference, src64, src_mask64)
-            name_the_mistake(f"{name}.encode", "the memory" + SWAPPED_LAYERS, memory, memory64, candidates)
+            made = candidates(ENCODE_MISTAKES, reference, src64, src_mask64)
+            name_the_mistake(f"{name}.encode", "the memory" + SWAPPED_LAYERS, memory, memory64, made)
 
         logits64 = reference.decode(tgt64, memory64, tgt_mask64, src_mask64)
         memory = memory64.to(device=device, dtype=dtype)
@@ -732,8 +721,8 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
             )
         expect_tensor(f"{name}.decode", "the logits", logits, logits64.shape, like=like)
         if not close(logits, logits64):
-            candidates = _candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
-            name_the_mistake(f"{name}.decode", "the logits" + SWAPPED_LAYERS, logits, logits64, candidates)
+            made = candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
+            name_the_mistake(f"{name}.decode", "the logits" + SWAPPED_LAYERS, logits, logits64, made)
 
         before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
         try:
@@ -757,8 +746,8 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
         expect_tensor(name, "the logits", logits, logits64.shape, like=like)
         expect_unchanged(name, before)
         if not close(logits, logits64):
-            candidates = _candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
-            name_the_mistake(name, "the logits of forward" + SWAPPED_LAYERS, logits, logits64, candidates)
+            made = candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
+            name_the_mistake(name, "the logits of forward" + SWAPPED_LAYERS, logits, logits64, made)
 
 
 def _expect_properties(name, model: nn.Module, inputs64) -> None:
@@ -933,27 +922,26 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
             src64, tgt64 = reversal_batch(Inputs(seed + i).generator, case.batch, case.min_len, case.max_len)
             with torch.no_grad():
                 expected = ref.teacher_forcing_loss(reference, src64, tgt64, PAD)
-            for device in devices():
-                for dtype in DTYPES:
-                    model = make_beside(teacher_forcing_loss, stand_ins.stand_in_model, reference.state_dict())
-                    model = model.to(device=device, dtype=dtype)
-                    src, tgt = src64.to(device), tgt64.to(device)
-                    before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
-                    loss = call(name, teacher_forcing_loss, model, src, tgt, PAD)
-                    expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
-                    expect_unchanged(name, before)
-                    if not loss.requires_grad:
-                        fail(
-                            name,
-                            "the loss is detached from the model: nothing could be trained with it",
-                            "return the tensor itself: no .item(), .detach() or torch.no_grad().",
-                        )
-                    loss = loss.detach()
-                    if not close(loss, expected):
-                        name_the_mistake(
-                            name, "the loss", loss, expected, _candidates(LOSS_MISTAKES, reference, src64, tgt64)
-                        )
-                    count += 1
+            for device, dtype in grid():
+                model = make_beside(teacher_forcing_loss, stand_ins.stand_in_model, reference.state_dict())
+                model = model.to(device=device, dtype=dtype)
+                src, tgt = src64.to(device), tgt64.to(device)
+                before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
+                loss = call(name, teacher_forcing_loss, model, src, tgt, PAD)
+                expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
+                expect_unchanged(name, before)
+                if not loss.requires_grad:
+                    fail(
+                        name,
+                        "the loss is detached from the model: nothing could be trained with it",
+                        "return the tensor itself: no .item(), .detach() or torch.no_grad().",
+                    )
+                loss = loss.detach()
+                if not close(loss, expected):
+                    name_the_mistake(
+                        name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, src64, tgt64)
+                    )
+                count += 1
     passed(name, count)
 
 
@@ -1093,9 +1081,9 @@ def _expect_decoded(name, out, expected, case: DecodeCase, device, reference, sr
 
 
 def _matching_greedy_mistake(out, reference, src64, case: DecodeCase, mask64):
-    for mistake in GREEDY_MISTAKES:
-        with torch.no_grad():
-            result = mistake.compute(reference, src64, case.max_len, case.bos, case.eos, mask64)
+    for mistake, result in candidates(GREEDY_MISTAKES, reference, src64, case.max_len, case.bos, case.eos, mask64):
+        if result is None:
+            continue
         if result.shape[0] == out.shape[0] and result.size(1) <= out.size(1):
             result = torch.cat([result, torch.full((out.size(0), out.size(1) - result.size(1)), case.eos)], dim=1)
         if torch.equal(result, out):
