@@ -209,3 +209,32 @@ def test_a_course_without_submissions_is_refused(tmp_path):
     assert run.returncode == 2 and "no submissions for" in run.stderr
     shutil.rmtree(root / "submitted")
     assert sorted(p.relative_to(root) for p in root.rglob("*")) == before
+
+
+def test_without_bubblewrap_grading_is_refused_in_one_line(graded, tmp_path):
+    root, _ = graded
+    state = (root / ".grading" / "state.json").read_bytes()
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path)}  # a PATH without bwrap
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--force"],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert "bubblewrap is not installed" in run.stderr and "apt-get install bubblewrap" in run.stderr
+    assert (root / ".grading" / "state.json").read_bytes() == state
+
+
+def test_no_sandbox_grades_trusted_work_and_the_report_says_so(tmp_path):
+    root = course.scratch_course(REPO, tmp_path / "course")
+    course.release(root, CHAPTER)
+    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    course.submit(root, "instructor", CHAPTER, solved(release))
+    run = grade(root, "--no-sandbox")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert outcomes(root)[f"instructor/{CHAPTER}"]["score"] == 6
+    assert "without a sandbox" in (root / "reports" / "class_report.md").read_text()
+
+
+def test_the_grader_caps_what_a_kernel_prints(graded):
+    root, _ = graded
+    notebook = nbformat.read(root / "autograded" / "output_flood" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    printed = sum(len(o.get("text", "")) for cell in notebook.cells for o in cell.get("outputs", []))
+    assert printed <= 200_000  # --output; the flood printed 20,000,000 characters

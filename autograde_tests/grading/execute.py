@@ -8,6 +8,7 @@ grader, where the learner cannot lift the cap.
 """
 
 import json
+import threading
 
 import nbformat
 from nbclient.exceptions import DeadKernelError
@@ -15,11 +16,10 @@ from nbgrader import utils
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
-from ..remote import agent
-from ..remote.proxy import Session
-from ..remote.wire import MAX_BYTES
-from . import judge
-from .reach import Reach
+from ..remote import MIME
+
+AGENT = "autograde_tests.remote.agent"
+REPLY_CHARS = 256 * 2**20  # a reply's own limit (the wire refuses more than 64 MiB of tensors)
 
 TRUNCATED = "\n[output truncated by the grader]\n"
 
@@ -44,11 +44,20 @@ class GraderExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         self.printed = 0
+        # The judging code (torch, the checks, the reference) loads while the kernel starts and runs the
+        # learner's first cells: the worker mostly waits on the kernel then.
+        self.judging = threading.Thread(target=_load_judging, daemon=True)
+        self.judging.start()
         return super().preprocess(nb, resources, km)
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):
             return super().preprocess_cell(cell, resources, index)
+        self.judging.join()
+        from ..remote.proxy import Session
+        from . import judge
+        from .reach import Reach
+
         before = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not is_test_cell(c)]
         session = Session(lambda request: self._ask(request, index), static_names=Reach(before))
         cell.outputs = judge.judge(cell.source, session)
@@ -57,14 +66,14 @@ class GraderExecute(Execute):
 
     def _ask(self, request: str, index: int) -> str:
         """One request to the agent in the kernel, run as a cell the notebook never shows; its reply."""
-        code = f"__import__({agent.__name__!r}, fromlist=['serve']).serve(globals(), {request!r})"
+        code = f"__import__({AGENT!r}, fromlist=['serve']).serve(globals(), {request!r})"
         probe = nbformat.v4.new_code_cell(code)
         try:
             self.execute_cell(probe, index, store_history=False)
         except DeadKernelError as exc:
             raise KernelDied(str(exc)) from None
         for output in probe.outputs:
-            reply = output.get("data", {}).get(agent.MIME) if output.output_type == "display_data" else None
+            reply = output.get("data", {}).get(MIME) if output.output_type == "display_data" else None
             if isinstance(reply, dict) and isinstance(reply.get("reply"), str):
                 return reply["reply"]
         errors = [f"{o.ename}: {o.evalue}" for o in probe.outputs if o.output_type == "error"]
@@ -73,8 +82,8 @@ class GraderExecute(Execute):
     def output(self, outs, msg, display_id, cell_index):
         """Keep what the kernel sends until ``output_chars`` are spent (the grader's replies, up to their own limit)."""
         content = msg.get("content", {})
-        if agent.MIME in content.get("data", {}):
-            size, limit = len(json.dumps(content["data"][agent.MIME])), MAX_BYTES * 2
+        if MIME in content.get("data", {}):
+            size, limit = len(json.dumps(content["data"][MIME])), REPLY_CHARS
         else:
             size, limit = len(json.dumps(content)), self.output_chars - self.printed
             self.printed += size
@@ -84,3 +93,8 @@ class GraderExecute(Execute):
                 self.printed = self.output_chars
             return None
         return super().output(outs, msg, display_id, cell_index)
+
+
+def _load_judging() -> None:
+    from . import judge  # noqa: F401  (torch, the checks and the proxies, imported once)
+    from .reach import Reach  # noqa: F401

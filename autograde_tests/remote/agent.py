@@ -20,9 +20,8 @@ from collections.abc import Callable, Iterator
 import torch
 from IPython.display import publish_display_data
 
-from . import wire
+from . import MIME, wire
 
-MIME = "application/vnd.attention-step-by-step.reply+json"
 MRO_SHOWN = 32  # how many of an object's classes the grader learns (for isinstance on a proxy)
 
 
