@@ -36,6 +36,7 @@ from .harness import (
     learner_step,
     make_beside,
     name_the_mistake,
+    output_like_input,
     passed,
     run_beside,
     run_cases,
@@ -143,11 +144,7 @@ def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = Fals
         module.to(device=device, dtype=dtype)
         x64 = _ffn_input(case, seed + i)
         x = x64.to(device=device, dtype=dtype)
-        before = x.clone()
-        out = call(name, module, x)
-        expect_tensor(name, "the output", out, x.shape, like=x)
-        expect_unchanged(name, {"x": (x, before)})
-        out = out.detach()
+        out = output_like_input(name, module, x).detach()
         _expect_deterministic(name, out, lambda: module(x).detach())
         expected = reference(x64).detach()
         if not close(out, expected):
@@ -290,12 +287,8 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
             for device, dtype in grid():
                 conv.to(device=device, dtype=dtype)
                 x = x64.to(device=device, dtype=dtype)
-                before = x.clone()
                 _expect_convolutions_do_the_work(name, conv, x)
-                out = call(name, conv, x)
-                expect_tensor(name, "the output", out, x.shape, like=x)
-                expect_unchanged(name, {"x": (x, before)})
-                out = out.detach()
+                out = output_like_input(name, conv, x).detach()
                 if not close(out, expected):
                     _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
                 count += 1
@@ -452,11 +445,7 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
         module = _loaded_layer_norm(name, LayerNorm, case, seed + i, device, dtype)
         x64 = _layer_norm_input(case, seed + i)
         x = x64.to(device=device, dtype=dtype)
-        before = x.clone()
-        out = call(name, module, x)
-        expect_tensor(name, "the output", out, x.shape, like=x)
-        expect_unchanged(name, {"x": (x, before)})
-        out = out.detach()
+        out = output_like_input(name, module, x).detach()
         reference = _reference_layer_norm(case, seed + i)
         expected = reference(x64).detach()
         if not close(out, expected):

@@ -139,6 +139,15 @@ def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> 
         )
 
 
+def output_like_input(name: str, fn: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """``fn(x, ...)``, which must be a plain tensor shaped, typed and placed like ``x``, with ``x`` untouched."""
+    before = x.clone()
+    out = call(name, fn, x, *args, **kwargs)
+    expect_tensor(name, "the output", out, x.shape, like=x)
+    expect_unchanged(name, {"x": (x, before)})
+    return out
+
+
 def expect_unchanged(name: str, inputs: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
     """Each ``(tensor, copy_taken_before_the_call)`` must still be bit-for-bit the same."""
     for arg, (now, before) in inputs.items():

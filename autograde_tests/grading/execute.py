@@ -14,7 +14,7 @@ import nbformat
 from nbclient.exceptions import DeadKernelError
 from nbgrader import utils
 from nbgrader.preprocessors import Execute
-from traitlets import Integer
+from traitlets import Enum, Integer
 
 from ..remote import MIME
 
@@ -41,6 +41,8 @@ def is_test_cell(cell) -> bool:
 
 class GraderExecute(Execute):
     output_chars = Integer(1_000_000, help="characters of output the learner's cells may print in all").tag(config=True)
+    # A graded kernel is thrown away: killed at once, it does not make every submission wait for its farewell.
+    shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         self.printed = 0
