@@ -43,6 +43,9 @@ class GraderExecute(Execute):
     output_chars = Integer(1_000_000, help="characters of output the learner's cells may print in all").tag(config=True)
     # A graded kernel is thrown away: killed at once, it does not make every submission wait for its farewell.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
+    # A kernel the worker started ahead, used for this notebook. A class attribute, set on a subclass:
+    # nbgrader deep-copies its configuration, and a running kernel cannot be copied.
+    started = None
 
     def preprocess(self, nb, resources=None, km=None):
         self.printed = 0
@@ -50,7 +53,7 @@ class GraderExecute(Execute):
         # learner's first cells: the worker mostly waits on the kernel then.
         self.judging = threading.Thread(target=_load_judging, daemon=True)
         self.judging.start()
-        return super().preprocess(nb, resources, km)
+        return super().preprocess(nb, resources, km or self.started)
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):

@@ -87,7 +87,10 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (args.memory_bytes, args.memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection), *kernel_args]
+    # torch and the agent load as the kernel starts, while the grader is still loading nbgrader; nothing
+    # is bound in the learner's namespace.
+    preload = "--IPKernelApp.exec_lines=__import__('torch'), __import__('autograde_tests.remote.agent')"
+    kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection), preload, *kernel_args]
     if args.no_sandbox:
         os.chdir(args.exchange)
         os.execve(sys.executable, kernel, _environment(str(args.exchange)))
