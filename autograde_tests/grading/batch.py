@@ -194,7 +194,8 @@ def run_worker(job_dir: Path, timeout: int) -> dict:
 
 
 def _kill_tree(pid: int) -> None:
-    """SIGKILL a worker and every process below it: kernels too, whatever signals they ignore."""
+    """SIGKILL a worker and every process below it (kernels too, whatever signals they ignore), and wait
+    until they are gone: a killed process lingers until the kernel has torn it down."""
     try:
         victims = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -208,6 +209,7 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    psutil.wait_procs(victims, timeout=10)
 
 
 def _merge(course: Path, pair: Pair, job_dir: Path, result: dict) -> Outcome:

@@ -41,8 +41,8 @@ class Remote:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_id", node.get("id"))
         object.__setattr__(self, "_type", str(node.get("type"))[: wire.MAX_TEXT])
-        kinds = node.get("kinds")
-        object.__setattr__(self, "_kinds", frozenset(k for k in kinds if isinstance(k, str)) if isinstance(kinds, list) else frozenset())
+        kinds = node.get("kinds") if isinstance(node.get("kinds"), list) else []
+        object.__setattr__(self, "_kinds", frozenset(k for k in kinds if isinstance(k, str)))
 
     def __call__(self, *args, **kwargs):
         return self._session.ask("call", self, *args, **kwargs)
