@@ -13,7 +13,6 @@ from autograde_tests.reference import hidden_in_grading
 from autograde_tests.remote.proxy import Loopback
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
-CHECK_TESTS = "_checks"
 
 
 @pytest.fixture(params=["in-process", "through-the-wire"])
@@ -23,16 +22,19 @@ def learner_side(request, monkeypatch):
     A check test module asks for it with ``pytestmark = pytest.mark.usefixtures("learner_side")``.
     """
     if request.param == "through-the-wire":
-        chapter = request.module.__name__.split(".")[-1].removeprefix("test_").removesuffix(CHECK_TESTS)
-        hidden = frozenset(f"autograde_tests.{package}.{module}"
-                           for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
         for name, check in list(vars(request.module).items()):
             if name.startswith("check_") and callable(check):
-                monkeypatch.setattr(request.module, name, _through_the_wire(check, hidden))
+                monkeypatch.setattr(request.module, name, _through_the_wire(check))
     return request.param
 
 
-def _through_the_wire(check, hidden: frozenset[str]):
+def _through_the_wire(check):
+    """``check``, given a proxy of the learner's object; the agent cannot load (unpickle) what a kernel
+    graded on the check's chapter could not import: that chapter's and later chapters' reference and checks."""
+    chapter = check.__module__.rsplit(".", 1)[-1]
+    hidden = frozenset(f"autograde_tests.{package}.{module}"
+                       for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
+
     def wrapped(learner, *args, **kwargs):
         return check(Loopback(hidden).expose("learner", learner), *args, **kwargs)
 

@@ -20,8 +20,8 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    fail_difference,
     forbid_ops,
-    largest_error,
     name_the_mistake,
     output_like_input,
     run_cases,
@@ -101,7 +101,7 @@ def _expect_softmax_values(name, out, expected, x, case: SoftmaxCase) -> None:
                 f"normalises over dim {other} when called with dim={case.dim}",
                 "reduce (max and sum) along the `dim` argument, with keepdim=True.",
             )
-    fail(name, f"wrong values for input of shape {tuple(x.shape)}, dim={case.dim}: {largest_error(out, expected)}")
+    fail_difference(name, f"the output for input of shape {tuple(x.shape)}, dim={case.dim}", out, expected)
 
 
 # ------------------------------------------------------------------------ scaled dot-product attention
@@ -174,6 +174,20 @@ def _scores(q, k, scale):
     return q @ k.transpose(-2, -1) / scale
 
 
+UNIFORM_WHEN_ALL_MASKED = (
+    "a query whose keys are all masked gets uniform weights instead of zeros: the scores were filled with a "
+    "large negative number (such as -1e9) instead of -inf, and such rows were not zeroed",
+    "the course's convention, as F.scaled_dot_product_attention's in torch 2.13, is zero weights and a zero output "
+    "for a query that may attend to nothing (nothing to attend to, nothing to mix): fill masked scores with "
+    "float('-inf'), then set the weights where the mask is False to 0 (torch.where(mask, weights, 0.0)).",
+)
+
+
+def large_negative_fill(scores, mask):
+    """Softmax over scores whose masked entries are -1e9: rows with no allowed key come out uniform."""
+    return ref.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
+
+
 MISTAKES = [
     Mistake(
         "your output matches attention without the 1/sqrt(d_k) scale",
@@ -214,6 +228,10 @@ MISTAKES = [
         _attend(
             lambda q, k, v, mask: ref.softmax(_scores(q, k, math.sqrt(q.size(-1))), dim=-1) * mask
         ),
+    ),
+    Mistake(
+        *UNIFORM_WHEN_ALL_MASKED,
+        _attend(lambda q, k, v, mask: large_negative_fill(_scores(q, k, math.sqrt(q.size(-1))), mask)),
     ),
     Mistake(
         "the mask is ignored: these values match attention computed without the mask "

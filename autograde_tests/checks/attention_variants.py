@@ -28,14 +28,16 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    fail_difference,
     grid,
     is_module,
-    largest_error,
     passed,
     run_cases,
     strict_numerics,
     type_name,
 )
+from ..reference.multi_head_attention import merge_heads, split_heads
+from .attention import UNIFORM_WHEN_ALL_MASKED, large_negative_fill
 from .multi_head_attention import draw_parameters
 
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
@@ -216,6 +218,15 @@ def _attend(module, q_side, kv_side, mask):
         return None
 
 
+def _attend_filling_minus_1e9(module, q_side, kv_side, mask):
+    """``module.attn`` written with masked scores filled with -1e9: a query with no real key averages them all."""
+    attn = module.attn
+    q = split_heads(attn.w_q(q_side), attn.n_heads)  # (B, h, m, d_k)
+    k, v = split_heads(attn.w_k(kv_side), attn.n_heads), split_heads(attn.w_v(kv_side), attn.n_heads)
+    weights = large_negative_fill(q @ k.transpose(-2, -1) / attn.d_k**0.5, mask)  # (B, h, m, n)
+    return attn.w_o(merge_heads(weights @ v))  # (B, m, d_model)
+
+
 def _needs_padding(compute):
     return lambda module, x, memory, pm: None if pm is None else compute(module, x, memory, pm)
 
@@ -240,6 +251,7 @@ def _causal(T, diagonal=0):
 
 
 SELF_MISTAKES = [
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _keys(pm)))),
     Mistake(*QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _queries(pm)))),
     Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, pm))),
     Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, None))),
@@ -257,6 +269,10 @@ def _with_padding(causal, pm, combine=lambda c, p: c & _keys(p)):
 
 
 CAUSAL_MODULE_MISTAKES = [
+    Mistake(
+        *UNIFORM_WHEN_ALL_MASKED,
+        _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _causal(x.size(1)) & _keys(pm))),
+    ),
     Mistake(
         CAUSAL_MISTAKES[0].problem,
         CAUSAL_MISTAKES[0].hint,
@@ -291,6 +307,10 @@ CAUSAL_MODULE_MISTAKES = [
 ]
 
 CROSS_MISTAKES = [
+    Mistake(
+        *UNIFORM_WHEN_ALL_MASKED,
+        _needs_padding(lambda mod, x, memory, pm: _attend_filling_minus_1e9(mod, x, memory, _keys(pm))),
+    ),
     Mistake(
         "cross-attention without the source padding mask: padded memory tokens get weight",
         "pass memory_padding_mask, as (B, 1, 1, n), to self.attn.",
@@ -415,7 +435,7 @@ def _check_case(variant, learner, reference, case, inputs64, expected, dtype, de
                 fail(name, mistake.problem, mistake.hint)
     _expect_properties(variant, learner, case, out, x, memory, pm, seed)
     if not close(out, expected):
-        fail(name, f"the output differs from the reference: {largest_error(out, expected)}")
+        fail_difference(name, "the output", out, expected)
 
 
 def _call_diagnosing_masks(variant, learner, case, x, memory, pm):

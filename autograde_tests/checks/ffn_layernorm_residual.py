@@ -29,6 +29,7 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    fail_difference,
     grid,
     is_a,
     is_module,
@@ -318,7 +319,7 @@ def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
                 f"the bias of the convolution that replaces {which} is not {which}'s bias (biases not copied)",
                 f"copy ffn.{which}.bias into the convolution's bias too.",
             )
-    fail(name, f"the output differs from the FFN it was built from: {largest_error(out, expected)}")
+    fail_difference(name, "the output", out, expected, against="the FFN it was built from")
 
 
 # ----------------------------------------------------------------------------------------- LayerNorm
@@ -365,6 +366,12 @@ BATCH_NORM = (
     "variance of each position's d_model features"
 )
 LAYER_NORM_MISTAKES = [
+    Mistake(
+        "two mistakes at once: your LayerNorm uses the unbiased variance (dividing by d_model - 1) and adds eps "
+        "outside the square root, to the standard deviation: (x - mean) / (std + eps)",
+        "use x.var(dim=-1, keepdim=True, unbiased=False) and the formula (x - mean) / sqrt(var + eps).",
+        lambda x, norm: _affine(norm, unbiased=True, where="outside")(x),
+    ),
     Mistake(
         "your LayerNorm uses the unbiased variance (dividing by d_model - 1); LayerNorm divides by d_model",
         "use x.var(dim=-1, keepdim=True, unbiased=False) (torch.var and torch.std are unbiased by default).",

@@ -160,12 +160,29 @@ def expect_unchanged(name: str, inputs: Mapping[str, tuple[torch.Tensor, torch.T
             )
 
 
-def close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+def close(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype | None = None) -> bool:
+    """Within the tolerance of ``actual``'s dtype (or of ``precision``, when given)."""
     expected = expected.to(dtype=actual.dtype, device=actual.device)
-    return actual.shape == expected.shape and torch.allclose(actual, expected, **TOLERANCE[actual.dtype])
+    tolerance = TOLERANCE[precision or actual.dtype]
+    return actual.shape == expected.shape and torch.allclose(actual, expected, **tolerance)
 
 
-def largest_error(actual: torch.Tensor, expected: torch.Tensor) -> str:
+def fail_difference(name: str, what: str, actual: torch.Tensor, expected: torch.Tensor,
+                    against: str = "the reference") -> None:
+    """Fail: ``what`` differs from ``against``, with the largest error. A float64 result that is right to
+    float32 precision only is a precision mistake, and the message says so (its numbers look the same)."""
+    if actual.dtype == torch.float64 and close(actual, expected, precision=torch.float32):
+        fail(
+            name,
+            f"float32 precision only in {what}: it agrees with {against} to about 1e-7, not to float64's 1e-11 "
+            f"({largest_error(actual, expected, digits=12)})",
+            "compute in the dtype you return: a float32 step (a tensor made with the default dtype, .float(), "
+            "a float32 buffer) loses what float64 keeps.",
+        )
+    fail(name, f"{what} differs from {against}: {largest_error(actual, expected)}")
+
+
+def largest_error(actual: torch.Tensor, expected: torch.Tensor, digits: int = 6) -> str:
     """'largest error 0.31 at index (1, 0, 2): got 0.52, expected 0.21' (NaNs count as infinitely wrong)."""
     expected = expected.to(dtype=actual.dtype, device=actual.device)
     error = (actual - expected).abs().nan_to_num(nan=float("inf"))
@@ -173,7 +190,7 @@ def largest_error(actual: torch.Tensor, expected: torch.Tensor) -> str:
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape))
     return (
         f"largest error {float(error.flatten()[flat]):.3g} at index {index}: "
-        f"got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}"
+        f"got {float(actual[index]):.{digits}g}, expected {float(expected[index]):.{digits}g}"
     )
 
 
@@ -213,7 +230,7 @@ def name_the_mistake(
     for mistake, result in candidates:
         if isinstance(result, torch.Tensor) and result.shape == actual.shape and close(actual, result):
             fail(name, mistake.problem, mistake.hint)
-    fail(name, f"{what} differs from the reference: {largest_error(actual, expected)}")
+    fail_difference(name, what, actual, expected)
 
 
 def construct(name: str, cls: type, *args, **kwargs) -> nn.Module:

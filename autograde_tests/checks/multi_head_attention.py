@@ -26,8 +26,8 @@ from .harness import (
     expect_tensor,
     expect_unchanged,
     fail,
+    fail_difference,
     grid,
-    largest_error,
     name_the_mistake,
     passed,
     run_cases,
@@ -391,10 +391,7 @@ def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_ou
             name_the_mistake(name, "the weights", weights, expected[1], candidates(MHA_MISTAKES, reference, *inputs64, part=1))
         name_the_mistake(name, "the output", out, expected[0], candidates(MHA_MISTAKES, reference, *inputs64, part=0))
     if not close(out, torch_output):
-        fail(
-            name,
-            f"the output differs from nn.MultiheadAttention with the same weights: {largest_error(out, torch_output)}",
-        )
+        fail_difference(name, "the output", out, torch_output, against="nn.MultiheadAttention with the same weights")
 
 
 def _expect_weights_per_head_and_key(name, weights, shape) -> None:
