@@ -320,3 +320,36 @@ def test_unrecognised_wrong_attention_shows_the_largest_error_and_where():
 
     with pytest.raises(AssertionError, match=r"output differs from the reference: largest error 0.01 at index \("):
         check_scaled_dot_product_attention(off_by_a_bit)
+
+
+# ------------------------------------------------------------------- deviations seen in real code
+
+
+def attention_filling_minus_1e9(q, k, v, mask=None):
+    """The most common choice in public code: a large negative number, and no zeroing afterwards."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    weights = softmax_amax(scores)
+    return weights @ v, weights
+
+
+def attention_in_float32(q, k, v, mask=None):
+    out, weights = reference_attention(q.float(), k.float(), v.float(), mask)
+    return out.to(q.dtype), weights.to(q.dtype)
+
+
+def test_a_large_negative_fill_is_named_with_the_course_s_convention():
+    with pytest.raises(AssertionError) as failure:
+        check_scaled_dot_product_attention(attention_filling_minus_1e9)
+    message = str(failure.value)
+    assert message.startswith("scaled_dot_product_attention: a query whose keys are all masked gets uniform "
+                              "weights instead of zeros: the scores were filled with a large negative number")
+    assert "F.scaled_dot_product_attention's in torch 2.13, is zero weights and a zero output" in message
+
+
+def test_a_result_right_to_float32_only_is_named_as_a_precision_mistake():
+    with pytest.raises(AssertionError, match=r"^scaled_dot_product_attention: float32 precision only in the "
+                                             r"weights: it agrees with the reference to about 1e-7") as failure:
+        check_scaled_dot_product_attention(attention_in_float32)
+    assert "Hint: compute in the dtype you return" in str(failure.value)

@@ -487,3 +487,43 @@ def test_an_unlisted_order_dependence_in_the_memory_fails_on_the_memory_order_pr
 def test_the_reference_masks_pass():
     check_causal_mask(causal_mask, hidden=True)
     check_padding_mask(padding_mask, hidden=True)
+
+
+# ------------------------------------------------------------------- deviations seen in real code
+
+
+def attend_filling_minus_1e9(attn, x, y, key_mask):
+    """Attention written by hand with the reference's projections, masked scores set to -1e9 (the
+    Annotated Transformer's choice), no zeroing afterwards."""
+    split = lambda t: t.reshape(t.size(0), t.size(1), attn.n_heads, -1).transpose(1, 2)  # noqa: E731
+    q, k, v = split(attn.w_q(x)), split(attn.w_k(y)), split(attn.w_v(y))
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[:, None, None, :], -1e9)
+    heads = scores.softmax(-1) @ v
+    return attn.w_o(heads.transpose(1, 2).reshape(x.shape))
+
+
+class SelfAttentionFillingMinus1e9(SelfAttention):
+    def forward(self, x, padding_mask=None):
+        return attend_filling_minus_1e9(self.attn, x, x, padding_mask)
+
+
+class CrossAttentionFillingMinus1e9(CrossAttention):
+    def forward(self, x, memory, memory_padding_mask=None):
+        return attend_filling_minus_1e9(self.attn, x, memory, memory_padding_mask)
+
+
+UNIFORM = (r"^\w+: a query whose keys are all masked gets uniform weights instead of zeros: the scores were filled "
+           r"with a large negative number")
+
+
+def test_a_large_negative_fill_is_named_in_self_attention():
+    with pytest.raises(AssertionError, match=UNIFORM):
+        check_self_attention(SelfAttentionFillingMinus1e9)
+
+
+def test_a_large_negative_fill_is_named_in_cross_attention_not_blamed_on_the_mask_s_shape():
+    with pytest.raises(AssertionError, match=UNIFORM) as failure:
+        check_cross_attention(CrossAttentionFillingMinus1e9)
+    assert "(B, 1, 1, n)" not in str(failure.value)

@@ -483,7 +483,8 @@ class LayerNormFixedDtype(LayerNormWithVar):
     "layer_norm, message",
     [
         (LayerNormUnbiased, r"unbiased variance"),
-        (LayerNormWithStd, r"unbiased variance"),  # and eps outside the root: float32 sees the first only
+        (LayerNormWithStd, r"^LayerNorm: two mistakes at once: your LayerNorm uses the unbiased variance \(dividing by "
+                           r"d_model - 1\) and adds eps outside the square root"),
         (LayerNormEpsOutside, r"eps is added outside the square root"),
         (LayerNormWithoutEps, r"eps is missing"),
         (LayerNormIgnoringEps, r"ignores its eps argument"),

@@ -789,3 +789,30 @@ def test_checks_never_print_a_pass_for_wrong_code(capsys):
     with pytest.raises(AssertionError):
         check_greedy_decode(greedy_variant(position=0))
     assert "✔" not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- deviations seen in real code
+
+
+def positional_encoding_in_float32(max_len, d_model):
+    """Computed in float32 whatever the default dtype, then returned in it."""
+    return R.positional_encoding(max_len, d_model).float().to(torch.get_default_dtype())
+
+
+def test_an_encoding_right_to_float32_only_is_named_as_a_precision_mistake():
+    with pytest.raises(AssertionError, match=r"^positional_encoding: float32 precision only in the encoding: it "
+                                             r"agrees with the reference to about 1e-7, not to float64's 1e-11 "
+                                             r"\(largest error .* got \d\.\d{9,}, expected \d\.\d{9,}\)"):
+        check_positional_encoding(positional_encoding_in_float32)
+
+
+def loss_that_raises(model, src, tgt, pad_id):
+    raise ValueError("something went wrong")
+
+
+def test_a_message_names_a_module_argument_by_its_class_not_its_whole_repr():
+    with pytest.raises(AssertionError) as failure:
+        check_teacher_forcing_loss(loss_that_raises)
+    message = str(failure.value)
+    assert "raised ValueError: something went wrong\n  when called with (StandInModel, tensor of shape" in message
+    assert len(message) < 300, message
