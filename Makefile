@@ -29,8 +29,9 @@ book-instructor: venv
 test: book book-instructor
 	$(BIN)/python -m pytest
 
-## Regenerate notebooks/ (the learners' release) from solutions/ with nbgrader.
+## Write the solutions' answers from the reference, then regenerate notebooks/ (the learners' release) with nbgrader.
 release: venv
+	$(BIN)/python -m autograde_tests.solution_regions
 	for a in $(CHAPTERS); do $(BIN)/nbgrader generate_assignment "$$a" --force || exit 1; done
 
 ## Grade a class: submitted/<student>/<chapter>/ -> gradebook, autograded/, feedback/, grades.csv, reports/.

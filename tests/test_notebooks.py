@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import course, solution_regions
 
 REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = course.chapters(REPO)
@@ -43,3 +43,26 @@ def test_every_exercise_has_a_graded_test_cell_with_hidden_tests(chapter):
         assert test is not None, f"exercise {solution!r} has no graded cell 'test_{solution}'"
         assert test.metadata.nbgrader["locked"] and test.metadata.nbgrader["points"] > 0
         assert "### BEGIN HIDDEN TESTS" in test.source and "hidden=True" in test.source
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_every_solution_is_the_reference_s_code(chapter):
+    """One source for each solution: each solution region holds the body of the reference's definition of the
+    same name, and each solved definition takes the reference's parameters (``make release`` writes them)."""
+    notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    module = solution_regions.reference_module(chapter)
+    for cell in notebook.cells:
+        if cell.metadata.get("nbgrader", {}).get("solution"):
+            assert solution_regions.region_owners(cell.source), cell.metadata.nbgrader["grade_id"]
+            assert solution_regions.written_from_reference(cell.source, module) == cell.source
+            assert solution_regions.signature_mismatches(cell.source, module) == []
+
+
+def test_a_solution_that_drifted_from_the_reference_is_found_and_rewritten():
+    module = solution_regions.reference_module("01_attention")
+    drifted = ('def softmax(x, dim=-1):\n    """Softmax."""\n    ### BEGIN SOLUTION\n    return x.softmax(dim)\n'
+               '    ### END SOLUTION')
+    written = solution_regions.written_from_reference(drifted, module)
+    assert "x.softmax(dim)" not in written and "torch.exp(" in written
+    assert written.startswith('def softmax(x, dim=-1):\n    """Softmax."""\n    ### BEGIN SOLUTION\n')
+    assert solution_regions.signature_mismatches(drifted.replace("dim=-1", "dim=0"), module) != []

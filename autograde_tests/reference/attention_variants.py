@@ -32,11 +32,6 @@ def padding_mask(lengths: torch.Tensor, max_len: int | None = None) -> torch.Ten
     return positions < lengths[:, None]  # (B, max_len)
 
 
-def _key_mask(padding_mask: torch.Tensor) -> torch.Tensor:
-    """(B, n) -> (B, 1, 1, n): the same keys hidden from every head and every query."""
-    return padding_mask[:, None, None, :]
-
-
 class SelfAttention(nn.Module):
     """Every position of ``x`` attends to every real position of ``x``."""
 
@@ -46,7 +41,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d_model); padding_mask: (B, T) bool, ``True`` = real token. Returns (B, T, d_model)."""
-        mask = None if padding_mask is None else _key_mask(padding_mask)
+        # A padding mask hides keys: the same ones from every head and every query, (B, 1, 1, T).
+        mask = None if padding_mask is None else padding_mask[:, None, None, :]
         return self.attn(x, x, mask)[0]
 
 
@@ -65,7 +61,7 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, d_model); padding_mask: (B, T) bool, ``True`` = real token. Returns (B, T, d_model)."""
         mask = causal_mask(x.size(1), device=x.device)  # (T, T)
         if padding_mask is not None:
-            mask = mask & _key_mask(padding_mask)  # (B, 1, T, T): both must allow a key
+            mask = mask & padding_mask[:, None, None, :]  # (B, 1, T, T): both must allow a key
         return self.attn(x, x, mask)[0]
 
 
@@ -81,5 +77,5 @@ class CrossAttention(nn.Module):
     ) -> torch.Tensor:
         """x: (B, m, d_model) queries; memory: (B, n, d_model) keys and values;
         memory_padding_mask: (B, n) bool, ``True`` = real token. Returns (B, m, d_model)."""
-        mask = None if memory_padding_mask is None else _key_mask(memory_padding_mask)
+        mask = None if memory_padding_mask is None else memory_padding_mask[:, None, None, :]  # (B, 1, 1, n)
         return self.attn(x, memory, mask)[0]

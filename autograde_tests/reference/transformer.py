@@ -45,11 +45,6 @@ def positional_encoding(max_len: int, d_model: int) -> torch.Tensor:
     return pe.to(torch.get_default_dtype())
 
 
-def _key_mask(padding_mask: torch.Tensor) -> torch.Tensor:
-    """(B, n) -> (B, 1, 1, n): the same keys hidden from every head and every query."""
-    return padding_mask[:, None, None, :]
-
-
 def _copy_norm(ours: LayerNorm, theirs: nn.LayerNorm) -> None:
     ours.eps = theirs.eps
     ours.load_state_dict(theirs.state_dict())
@@ -85,7 +80,7 @@ class EncoderLayer(nn.Module):
 
         Padded positions still get an output (they attend to the real tokens); nothing reads it.
         """
-        mask = None if padding_mask is None else _key_mask(padding_mask)  # (B, 1, 1, S)
+        mask = None if padding_mask is None else padding_mask[:, None, None, :]  # (B, 1, 1, S)
         x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask)[0])
         return self.sublayers[1](x, self.ffn)
 
@@ -131,8 +126,8 @@ class DecoderLayer(nn.Module):
         """
         self_mask = causal_mask(x.size(1), device=x.device)  # (T, T)
         if tgt_padding_mask is not None:
-            self_mask = self_mask & _key_mask(tgt_padding_mask)  # (B, 1, T, T)
-        cross_mask = None if memory_padding_mask is None else _key_mask(memory_padding_mask)  # (B, 1, 1, S)
+            self_mask = self_mask & tgt_padding_mask[:, None, None, :]  # (B, 1, T, T)
+        cross_mask = None if memory_padding_mask is None else memory_padding_mask[:, None, None, :]  # (B,1,1,S)
         x = self.sublayers[0](x, lambda h: self.self_attn(h, h, self_mask)[0])
         # Queries from the decoder, keys and values from the encoder: this is where the source comes in.
         x = self.sublayers[1](x, lambda h: self.cross_attn(h, memory, cross_mask)[0])
