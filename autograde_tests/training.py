@@ -1,9 +1,7 @@
 """Train the course's Transformer on a toy sequence-to-sequence task, and record what it learned.
 
-The task, generated in code: read a string of 1 to 10 digits and write it reversed (or sorted). Both
-sides are padded to the longest sequence of a batch:
-
-    src = d_1 ... d_n EOS PAD ...          tgt = BOS d_n ... d_1 EOS PAD ...
+The task (``toy_task``), generated in code: read a string of 1 to 10 digits and write it reversed (or
+sorted).
 
 Run it from the repository's root (``make train`` runs both placements and writes the book's cached run):
 
@@ -27,10 +25,8 @@ from torch import nn
 from tqdm import tqdm
 
 from .reference import Transformer, greedy_decode, teacher_forcing_loss
+from .toy_task import BOS, EOS, FIRST_DIGIT, PAD, VOCAB, random_digits, solve, to_batch
 
-PAD, BOS, EOS = 0, 1, 2
-FIRST_DIGIT = 3  # digit d is token 3 + d
-VOCAB = FIRST_DIGIT + 10
 LOSS_EVERY = 10  # the record keeps the mean loss of each window of this many steps
 
 
@@ -56,33 +52,6 @@ class Config:
 
 
 # ------------------------------------------------------------------------------------------ the data
-
-
-def solve(digits: list[int], task: str) -> list[int]:
-    """The answer the model must write for ``digits``."""
-    if task == "reverse":
-        return digits[::-1]
-    if task == "sort":
-        return sorted(digits)
-    raise ValueError(f"unknown task {task!r}: use 'reverse' or 'sort'")
-
-
-def random_digits(generator: torch.Generator, count: int, min_len: int, max_len: int) -> list[list[int]]:
-    lengths = torch.randint(min_len, max_len + 1, (count,), generator=generator).tolist()
-    return [torch.randint(10, (n,), generator=generator).tolist() for n in lengths]
-
-
-def to_batch(sequences: list[list[int]], task: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Digit lists -> (src (B, S), tgt (B, T)) token ids, padded with PAD."""
-    longest = max(len(s) for s in sequences)
-    src = torch.full((len(sequences), longest + 1), PAD, dtype=torch.long)
-    tgt = torch.full((len(sequences), longest + 2), PAD, dtype=torch.long)
-    for b, digits in enumerate(sequences):
-        tokens = [FIRST_DIGIT + d for d in digits]
-        answer = [FIRST_DIGIT + d for d in solve(digits, task)]
-        src[b, : len(tokens) + 1] = torch.tensor(tokens + [EOS])
-        tgt[b, : len(answer) + 2] = torch.tensor([BOS] + answer + [EOS])
-    return src, tgt
 
 
 def held_out_set(config: Config) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""Shared by the suite: the check tests' two sides, and the browser tests' screenshot note.
+"""Shared by the suite: test helpers, the check tests' two sides, and the browser tests' screenshot note.
 
 A check test runs once with the learner's object in this process, as in JupyterLab, and once
 "through the wire": the object sits behind an agent and the check meets only a proxy, as in a graded
@@ -8,11 +8,33 @@ run. Both must give the same verdict and the same message.
 from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import strategies as st
 
+from autograde_tests.checks import harness
 from autograde_tests.reference import hidden_in_grading
 from autograde_tests.remote.proxy import Loopback
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
+dtypes = st.sampled_from(harness.DTYPES)  # hypothesis: float32 and float64
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal within the course's tolerance for ``actual``'s dtype (the checks' own policy)."""
+    torch.testing.assert_close(actual, expected, **harness.TOLERANCE[actual.dtype])
+
+
+def randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Seeded parameters of a useful size, as the checks draw them (``harness.randomise``)."""
+    return harness.randomise(module, harness.Inputs(seed))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models: on a busy two-core machine several threads mostly wait on each other. A test module
+    asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    with harness.one_thread():
+        yield
 
 
 @pytest.fixture(params=["in-process", "through-the-wire"])

@@ -7,16 +7,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autograde_tests.checks.harness import TOLERANCE
 from autograde_tests.reference import scaled_dot_product_attention, softmax
 
-dtypes = st.sampled_from([torch.float32, torch.float64])
+from .conftest import assert_close, dtypes
+
 sizes = st.integers(1, 9)
 batches = st.lists(st.integers(1, 3), max_size=2).map(tuple)
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, **TOLERANCE[actual.dtype])
 
 
 @settings(max_examples=60, deadline=None)

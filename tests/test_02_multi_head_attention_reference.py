@@ -6,15 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from autograde_tests.checks.harness import TOLERANCE
 from autograde_tests.reference import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
 
-dtypes = st.sampled_from([torch.float32, torch.float64])
+from .conftest import assert_close, dtypes
+
 heads = st.sampled_from([1, 2, 4])
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, **TOLERANCE[actual.dtype])
 
 
 def torch_mha(d_model, n_heads, bias, dtype, seed):

@@ -6,7 +6,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from autograde_tests.checks.harness import TOLERANCE
 from autograde_tests.reference import (
     CausalSelfAttention,
     CrossAttention,
@@ -16,12 +15,9 @@ from autograde_tests.reference import (
     padding_mask,
 )
 
-dtypes = st.sampled_from([torch.float32, torch.float64])
+from .conftest import assert_close, dtypes
+
 heads = st.sampled_from([1, 2, 4])
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, **TOLERANCE[actual.dtype])
 
 
 # ------------------------------------------------------------------------------------------ masks

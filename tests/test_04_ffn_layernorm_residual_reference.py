@@ -7,25 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from autograde_tests.checks.harness import TOLERANCE
 from autograde_tests.reference import LayerNorm, PositionwiseFeedForward, SublayerConnection, ffn_as_conv1d
 
-dtypes = st.sampled_from([torch.float32, torch.float64])
+from .conftest import assert_close, dtypes, randomise
+
 sizes = st.integers(1, 9)
 leading = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
-
-
-def assert_close(actual, expected):
-    torch.testing.assert_close(actual, expected, **TOLERANCE[actual.dtype])
-
-
-def randomise(module: nn.Module, seed: int) -> nn.Module:
-    """Random parameters: γ = 1, β = 0 would hide a LayerNorm that forgets to scale and shift."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    return module
 
 
 # -------------------------------------------------------------------------------------- LayerNorm

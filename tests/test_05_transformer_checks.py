@@ -29,18 +29,7 @@ from autograde_tests.checks.transformer import (
     decoding_model,
 )
 
-pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: on a busy two-core machine, several threads mostly wait on each other."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-# ------------------------------------------------------------------------ positional_encoding: correct
+pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
 
 
 def pe_annotated(max_len, d_model):

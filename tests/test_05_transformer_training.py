@@ -9,30 +9,25 @@ import pytest
 import torch
 
 from autograde_tests import training
-from autograde_tests.training import BOS, EOS, FIRST_DIGIT, PAD, Config
+from autograde_tests.toy_task import BOS, EOS, FIRST_DIGIT, PAD, solve, to_batch
+from autograde_tests.training import Config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
 CACHED_RUNS = sorted((REPO / "book" / "_static" / "05_transformer").glob("*.json"))
 TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=16, eval_size=20, max_len=5, device="cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
-
-
 def test_the_answers_are_the_reversed_or_sorted_digits():
-    assert training.solve([3, 1, 4, 1], "reverse") == [1, 4, 1, 3]
-    assert training.solve([3, 1, 4, 1], "sort") == [1, 1, 3, 4]
+    assert solve([3, 1, 4, 1], "reverse") == [1, 4, 1, 3]
+    assert solve([3, 1, 4, 1], "sort") == [1, 1, 3, 4]
     with pytest.raises(ValueError, match="unknown task"):
-        training.solve([1], "copy")
+        solve([1], "copy")
 
 
 def test_a_batch_is_source_then_eos_and_bos_answer_eos_padded():
-    src, tgt = training.to_batch([[1, 2, 3], [7]], "reverse")
+    src, tgt = to_batch([[1, 2, 3], [7]], "reverse")
     d = FIRST_DIGIT
     assert src.tolist() == [[d + 1, d + 2, d + 3, EOS], [d + 7, EOS, PAD, PAD]]
     assert tgt.tolist() == [[BOS, d + 3, d + 2, d + 1, EOS], [BOS, d + 7, EOS, PAD, PAD]]
@@ -65,7 +60,7 @@ def test_exact_match_counts_whole_sequences(monkeypatch):
     sequences = [[1, 2], [3, 4, 5], [6]]
 
     def oracle(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
-        _, tgt = training.to_batch(sequences, "reverse")
+        _, tgt = to_batch(sequences, "reverse")
         out = torch.where(tgt == PAD, EOS, tgt)
         out[1, 2] = FIRST_DIGIT + 9  # one wrong digit in the second sequence
         return out[:, : int(src_padding_mask.sum(1).max()) + 1]  # stops early, as greedy_decode may

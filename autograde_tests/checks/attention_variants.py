@@ -30,15 +30,15 @@ from .harness import (
     fail,
     fail_difference,
     grid,
-    is_module,
+    key_mask,
     passed,
+    randomise,
     run_cases,
     strict_numerics,
-    type_name,
 )
 from ..reference.multi_head_attention import merge_heads, split_heads
+from ..remote.proxy import is_module, type_name
 from .attention import UNIFORM_WHEN_ALL_MASKED, large_negative_fill
-from .multi_head_attention import draw_parameters
 
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
 
@@ -202,10 +202,6 @@ HIDDEN_CROSS = [
 ]
 
 
-def _keys(pm):
-    return pm[:, None, None, :]  # (B, 1, 1, n)
-
-
 def _queries(pm):
     return pm[:, None, :, None]  # (B, 1, m, 1): the mistake of masking the query axis
 
@@ -251,27 +247,27 @@ def _causal(T, diagonal=0):
 
 
 SELF_MISTAKES = [
-    Mistake(*UNIFORM_WHEN_ALL_MASKED, _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _keys(pm)))),
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, key_mask(pm)))),
     Mistake(*QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _queries(pm)))),
     Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, pm))),
     Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, None))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, ~_keys(pm)))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, ~key_mask(pm)))),
     Mistake(
         "SelfAttention hides the future: the causal mask belongs to CausalSelfAttention only",
         "in (encoder) self-attention every position may attend to every real position.",
-        lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & (True if pm is None else _keys(pm))),
+        lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & (True if pm is None else key_mask(pm))),
     ),
 ]
 
 
-def _with_padding(causal, pm, combine=lambda c, p: c & _keys(p)):
+def _with_padding(causal, pm, combine=lambda c, p: c & key_mask(p)):
     return causal if pm is None else combine(causal, pm)
 
 
 CAUSAL_MODULE_MISTAKES = [
     Mistake(
         *UNIFORM_WHEN_ALL_MASKED,
-        _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _causal(x.size(1)) & _keys(pm))),
+        _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _causal(x.size(1)) & key_mask(pm))),
     ),
     Mistake(
         CAUSAL_MISTAKES[0].problem,
@@ -291,25 +287,25 @@ CAUSAL_MODULE_MISTAKES = [
     Mistake(
         "the future is visible: no causal mask was applied",
         "combine causal_mask(T, device=x.device) with the padding mask (both must allow a key: &).",
-        lambda mod, x, _, pm: _attend(mod, x, x, None if pm is None else _keys(pm)),
+        lambda mod, x, _, pm: _attend(mod, x, x, None if pm is None else key_mask(pm)),
     ),
     Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1))))),
     Mistake(
         "the masks were combined with | (or) instead of & (and): a key hidden by either mask must stay hidden",
         "a key may be attended to only if it is in the past AND a real token: causal & padding.",
-        _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) | _keys(pm))),
+        _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) | key_mask(pm))),
     ),
     Mistake(
         *QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & _queries(pm)))
     ),
     Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & pm))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & ~_keys(pm)))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & ~key_mask(pm)))),
 ]
 
 CROSS_MISTAKES = [
     Mistake(
         *UNIFORM_WHEN_ALL_MASKED,
-        _needs_padding(lambda mod, x, memory, pm: _attend_filling_minus_1e9(mod, x, memory, _keys(pm))),
+        _needs_padding(lambda mod, x, memory, pm: _attend_filling_minus_1e9(mod, x, memory, key_mask(pm))),
     ),
     Mistake(
         "cross-attention without the source padding mask: padded memory tokens get weight",
@@ -317,7 +313,7 @@ CROSS_MISTAKES = [
         _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, None)),
     ),
     Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, pm))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, ~_keys(pm)))),
+    Mistake(*INVERTED, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, ~key_mask(pm)))),
     Mistake(
         "the memory is ignored: keys and values came from x, which makes it self-attention",
         "x goes into the Q port and the memory into the K and V ports: self.attn(x, memory, mask).",
@@ -384,7 +380,7 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
     count = 0
     with strict_numerics(), torch.no_grad():
         for i, case in enumerate(cases):
-            reference = draw_parameters(variant.reference(case.d_model, case.n_heads), Inputs(seed + i + 500))
+            reference = randomise(variant.reference(case.d_model, case.n_heads), Inputs(seed + i + 500))
             reference = reference.double().eval()
             learner = construct(name, cls, case.d_model, case.n_heads)
             if not is_module(getattr(learner, "attn", None)):

@@ -7,7 +7,6 @@ of shapes and seeds; the hidden ones nbgrader runs use others.
 """
 
 import copy
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,8 +14,10 @@ import torch
 from torch import nn
 
 from ..reference import ffn_layernorm_residual as ref
+from ..remote.proxy import is_a, is_module, make_beside, run_beside, type_name
 from . import beside
 from .harness import (
+    DROPOUT_IN_EVAL,
     Inputs,
     Mistake,
     call,
@@ -31,40 +32,15 @@ from .harness import (
     fail,
     fail_difference,
     grid,
-    is_a,
-    is_module,
     largest_error,
     learner_step,
-    make_beside,
     name_the_mistake,
     output_like_input,
     passed,
-    run_beside,
+    randomise,
     run_cases,
     strict_numerics,
-    type_name,
 )
-
-DROPOUT_IN_EVAL = (
-    "gives different results for the same input in eval mode: its dropout is still active",
-    "use nn.Dropout (model.eval() switches it off) or F.dropout(..., training=self.training).",
-)
-
-
-def _randomise(module: nn.Module, draw: Inputs) -> nn.Module:
-    """Seeded parameters of a useful size: weights ~ N(0, 1/fan_in), biases and LayerNorm β ~ N(0, 0.5²),
-    LayerNorm γ ~ 1 + N(0, 0.5²). γ = 1, β = 0 would hide a LayerNorm that forgets them."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = draw.randn(*p.shape).to(p.dtype)
-            if p.dim() >= 2:
-                p.copy_(noise / math.sqrt(p[0].numel()))
-            elif name == "weight" and isinstance(module, ref.LayerNorm):
-                p.copy_(1 + 0.5 * noise)
-            else:
-                p.copy_(0.5 * noise)
-    return module
-
 
 def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
     if not close(again(), first):
@@ -129,7 +105,7 @@ def _ffn_input(case: FeedForwardCase, seed: int) -> torch.Tensor:
 
 def _reference_ffn(case: FeedForwardCase, seed: int) -> ref.PositionwiseFeedForward:
     module = ref.PositionwiseFeedForward(case.d_model, case.d_ff).double()
-    return _randomise(module, Inputs(seed + 500)).eval()
+    return randomise(module, Inputs(seed + 500)).eval()
 
 
 def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = False) -> None:
@@ -269,7 +245,7 @@ def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> 
 
 def _reference_ffn_float32(case: ConvCase, seed: int) -> ref.PositionwiseFeedForward:
     """A float64 FFN whose weights are exact in float32 too (drawn in float32)."""
-    return _randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).double().eval()
+    return randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).double().eval()
 
 
 def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
@@ -428,7 +404,7 @@ def _layer_norm_input(case: LayerNormCase, seed: int) -> torch.Tensor:
 
 def _reference_layer_norm(case: LayerNormCase, seed: int) -> ref.LayerNorm:
     eps = 1e-5 if case.eps is None else case.eps
-    return _randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed + 500))
+    return randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed + 500))
 
 
 def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
@@ -595,7 +571,7 @@ def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=t
     """The sublayer the learner did not write: self-attention with no parameters, or a random FFN."""
     if case.sublayer == "attention":
         return beside.attention_sublayer
-    ffn = _randomise(ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double(), Inputs(seed + 600))
+    ffn = randomise(ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double(), Inputs(seed + 600))
     state = ffn.state_dict()
     layers = beside.ffn_sublayer({"0.weight": state["linear1.weight"], "0.bias": state["linear1.bias"],
                                   "2.weight": state["linear2.weight"], "2.bias": state["linear2.bias"]})
@@ -603,7 +579,7 @@ def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=t
 
 
 def _reference_norm(case: SublayerCase, seed: int) -> ref.LayerNorm:
-    return _randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed + 500))
+    return randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed + 500))
 
 
 def _sublayer_input(case: SublayerCase, seed: int) -> torch.Tensor:

@@ -30,23 +30,12 @@ from .harness import (
     grid,
     name_the_mistake,
     passed,
+    randomise,
     run_cases,
     strict_numerics,
 )
 
 CONTRACT = "the contract asks for w_q, w_k, w_v, w_o, each nn.Linear(d_model, d_model, bias=bias)."
-
-
-def draw_parameters(module: nn.Module, draw: Inputs) -> nn.Module:
-    """Overwrite every parameter with seeded numbers, so no check depends on initialisation.
-
-    Weights are scaled by 1/sqrt(fan_in) so that projections keep unit variance and softmax does not
-    saturate; biases are drawn too (nn.MultiheadAttention starts them at zero, which would hide a lost bias).
-    """
-    with torch.no_grad():
-        for _, p in sorted(module.named_parameters()):
-            p.copy_(draw.randn(*p.shape) / math.sqrt(p.shape[-1]))
-    return module
 
 
 def _call_reporting_views(name, fn, *args, **kwargs):
@@ -217,7 +206,7 @@ def _modules(case: MHACase, seed: int):
     torch_mha = nn.MultiheadAttention(
         case.d_model, case.n_heads, bias=case.bias, batch_first=True, dtype=torch.float64
     ).eval()
-    draw_parameters(torch_mha, Inputs(seed + 500))
+    randomise(torch_mha, Inputs(seed + 500))
     return torch_mha, ref.MultiHeadAttention.from_torch(torch_mha).eval()
 
 

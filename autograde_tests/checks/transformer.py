@@ -9,10 +9,9 @@ batch order) and the "can it learn" check run the learner's whole model. Visible
 the hidden ones nbgrader runs use others.
 """
 
-import contextlib
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +19,11 @@ from torch import nn
 
 from ..reference import transformer as ref
 from ..reference.attention_variants import causal_mask, padding_mask
+from ..toy_task import PAD, reversal_batch
+from ..remote.proxy import make_beside, run_beside, type_name
 from . import stand_ins
 from .harness import (
+    DROPOUT_IN_EVAL,
     DTYPES,
     Inputs,
     Mistake,
@@ -29,82 +31,22 @@ from .harness import (
     candidates,
     close,
     construct,
+    copy_weights,
+    default_dtype,
     devices,
     expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
     fail,
     grid,
+    key_mask,
     learner_step,
-    make_beside,
     name_the_mistake,
+    one_thread,
     passed,
-    run_beside,
+    randomise,
     strict_numerics,
-    type_name,
 )
-
-PAD, BOS, EOS = 0, 1, 2  # the token ids of the toy task (the decoding check also uses others)
-
-DROPOUT_IN_EVAL = (
-    "gives different results for the same input in eval mode: its dropout is still active",
-    "use nn.Dropout (model.eval() switches it off) or F.dropout(..., training=self.training).",
-)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Build and run the learner's code with ``dtype`` as the default, so a positional encoding made with
-    the default dtype is exact in float64 too."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Run on one CPU thread: these models are tiny, and on a busy machine several threads mostly wait on
-    each other (a training step took ten times longer with two threads than with one)."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
-def _randomise(module: nn.Module, draw: Inputs) -> nn.Module:
-    """Seeded parameters of a useful size: weights ~ N(0, 1/fan_in) (embeddings N(0, 1/d_model)), biases and
-    LayerNorm β ~ N(0, 0.3²), LayerNorm γ ~ 1 + N(0, 0.3²); γ = 1, β = 0 would hide a misplaced norm."""
-    with torch.no_grad():
-        for name, p in sorted(module.named_parameters()):
-            noise = draw.randn(*p.shape).to(p.dtype)
-            if p.dim() >= 2:
-                p.copy_(noise / math.sqrt(p.shape[-1]))
-            elif "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.3 * noise)
-            else:
-                p.copy_(0.3 * noise)
-    return module
-
-
-def load_reference_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str) -> None:
-    """``harness.copy_weights``, except that the learner may keep buffers of its own (a persistent ``pe``)."""
-    want, have = reference.state_dict(), learner.state_dict()
-    parameters = {key for key, _ in learner.named_parameters()}
-    missing = sorted(want.keys() - have.keys())
-    extra = sorted(key for key in have.keys() - want.keys() if key in parameters)
-    if missing:
-        fail(name, f"has no parameter {', '.join(missing)}", hint)
-    if extra:
-        fail(name, f"has parameters the reference does not: {', '.join(extra)}", hint)
-    for key, value in want.items():
-        if have[key].shape != value.shape:
-            fail(name, f"parameter {key} has shape {tuple(have[key].shape)}, expected {tuple(value.shape)}", hint)
-    learner.load_state_dict(want, strict=False)
 
 
 def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
@@ -242,17 +184,13 @@ def _layer_inputs(case: LayerCase, seed: int):
 
 def _reference_layer(cls, case: LayerCase, seed: int):
     layer = cls(case.d_model, case.n_heads, case.d_ff, norm_first=case.norm_first).double()
-    return _randomise(layer, Inputs(seed + 500)).eval()
+    return randomise(layer, Inputs(seed + 500)).eval()
 
 
 def _connect(layer, i, x, f, norm_first):
     """Sublayer i of ``layer`` around ``f``, Post-LN or Pre-LN."""
     norm = layer.sublayers[i].norm
     return x + f(norm(x)) if norm_first else norm(x + f(x))
-
-
-def _keys(mask):
-    return None if mask is None else mask[:, None, None, :]
 
 
 def _encoder(layer, x, mask, norm_first):
@@ -290,47 +228,47 @@ ENCODER_MISTAKES = [
     Mistake(
         "padding mask polarity inverted: the real tokens are hidden and the padding is attended to",
         "a padding mask is True for real tokens, and True means 'may attend': use it as it is.",
-        lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, _keys(~mask), nf),
+        lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, key_mask(~mask), nf),
     ),
     Mistake(
         "the padding mask is applied on the query axis instead of the key axis",
         "hide padded keys from every query: padding_mask[:, None, None, :], shape (B, 1, 1, S).",
         lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, mask[:, None, :, None], nf),
     ),
-    Mistake(*SWAPPED_LN, lambda layer, x, mask, nf: _encoder(layer, x, _keys(mask), not nf)),
+    Mistake(*SWAPPED_LN, lambda layer, x, mask, nf: _encoder(layer, x, key_mask(mask), not nf)),
 ]
 
 
 def _self_mask(tgt_mask, T, causal=None):
     causal = causal_mask(T) if causal is None else causal
-    return _and(causal, _keys(tgt_mask))
+    return _and(causal, key_mask(tgt_mask))
 
 
 DECODER_MISTAKES = [
     Mistake(
         "decoder self-attention without the causal mask: each target position sees the future tokens",
         "combine causal_mask(T, device=x.device) with the target padding mask for the self-attention.",
-        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, _keys(tm), _keys(mm), nf),
+        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, key_mask(tm), key_mask(mm), nf),
     ),
     Mistake(
         "the causal mask is transposed: each position sees the future and not the past",
         "True on and below the diagonal: position t may attend to positions 0 .. t (causal_mask does this).",
         lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).T), _keys(mm), nf
+            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).T), key_mask(mm), nf
         ),
     ),
     Mistake(
         "the causal mask excludes the diagonal: a position cannot see its own token",
         "keep the diagonal: torch.ones(T, T).tril() (or causal_mask(T)), not tril(-1).",
         lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).tril(-1)), _keys(mm), nf
+            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).tril(-1)), key_mask(mm), nf
         ),
     ),
     Mistake(
         "cross-attention attends to the decoder's own states instead of the encoder output (the memory)",
         "queries from the decoder, keys and values from the memory: self.cross_attn(h, memory, mask).",
         lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1)), _keys(mm), nf, own_states=True
+            layer, x, mem, _self_mask(tm, x.size(1)), key_mask(mm), nf, own_states=True
         ),
     ),
     Mistake(
@@ -342,19 +280,19 @@ DECODER_MISTAKES = [
         "the self-attention ignores the target padding mask (only the causal mask is applied)",
         "combine the causal mask with tgt_padding_mask[:, None, None, :] (both must allow a key).",
         lambda layer, x, mem, tm, mm, nf: None if tm is None else _decoder(
-            layer, x, mem, causal_mask(x.size(1)), _keys(mm), nf
+            layer, x, mem, causal_mask(x.size(1)), key_mask(mm), nf
         ),
     ),
     Mistake(
         "the two padding masks are swapped: the target's is used on the memory and the memory's on the target",
         "tgt_padding_mask goes with the self-attention, memory_padding_mask with the cross-attention.",
         lambda layer, x, mem, tm, mm, nf: None if tm is None else _decoder(
-            layer, x, mem, _self_mask(mm, x.size(1)), _keys(tm), nf
+            layer, x, mem, _self_mask(mm, x.size(1)), key_mask(tm), nf
         ),
     ),
     Mistake(
         *SWAPPED_LN,
-        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, _self_mask(tm, x.size(1)), _keys(mm), not nf),
+        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, _self_mask(tm, x.size(1)), key_mask(mm), not nf),
     ),
 ]
 
@@ -381,7 +319,7 @@ def _expect_layer_parameters(name, learner: nn.Module, reference: nn.Module, hin
             "build the attention as MultiHeadAttention(d_model, n_heads, bias=True): torch's Transformer layers "
             "have biases in their attention, and MultiHeadAttention's default is bias=False.",
         )
-    load_reference_weights(name, learner, reference, hint)
+    copy_weights(name, learner, reference, hint)
 
 
 def _strip(args: tuple) -> tuple:
@@ -500,7 +438,7 @@ def _model_args(case: ModelCase) -> tuple:
 def _reference_model(case: ModelCase, seed: int) -> ref.Transformer:
     with default_dtype(torch.float64):
         model = ref.Transformer(*_model_args(case), norm_first=case.norm_first)
-    return _randomise(model, Inputs(seed + 500)).eval()
+    return randomise(model, Inputs(seed + 500)).eval()
 
 
 # The reference model's pieces, recombined: each keyword switches one mistake on.
@@ -640,7 +578,7 @@ def _expect_model_parameters(name, learner: nn.Module, reference: ref.Transforme
             "in a Pre-LN layer the last residual sum is never normalised; create encoder_norm = LayerNorm(d_model) "
             "and decoder_norm = LayerNorm(d_model) when norm_first is True and apply them after the last layer.",
         )
-    load_reference_weights(name, learner, reference, MODEL_HINT)
+    copy_weights(name, learner, reference, MODEL_HINT)
 
 
 def _stand_in_states(case: ModelCase, seed: int) -> dict:
@@ -648,7 +586,7 @@ def _stand_in_states(case: ModelCase, seed: int) -> dict:
     states = {}
     for kind, layer in (("encoder", stand_ins.StandInEncoderLayer), ("decoder", stand_ins.StandInDecoderLayer)):
         layers = nn.ModuleList(layer(case.d_model) for _ in range(case.n_layers)).double()
-        states[kind] = _randomise(layers, Inputs(seed + (700 if kind == "encoder" else 800))).state_dict()
+        states[kind] = randomise(layers, Inputs(seed + (700 if kind == "encoder" else 800))).state_dict()
     return states
 
 
@@ -661,7 +599,7 @@ def _with_stand_in_layers(model: nn.Module, states: dict) -> nn.Module:
 
 def _learner_copy(name, learner64: nn.Module, reference: ref.Transformer, device, dtype) -> nn.Module:
     model = copy.deepcopy(learner64).to(device=device, dtype=dtype)
-    load_reference_weights(name, model, reference, MODEL_HINT)
+    copy_weights(name, model, reference, MODEL_HINT)
     return model.eval()
 
 
@@ -792,19 +730,6 @@ def _expect_properties(name, model: nn.Module, inputs64) -> None:
 LEARN_STEPS, LEARN_LOSS = 200, 0.05
 
 
-def reversal_batch(generator: torch.Generator, batch: int, min_len: int, max_len: int):
-    """(src, tgt) for reversing random digit strings: src = digits + [EOS], tgt = [BOS] + reversed + [EOS],
-    both padded with PAD; digits are the tokens 3 .. 12."""
-    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=generator)
-    src = torch.full((batch, int(lengths.max()) + 1), PAD, dtype=torch.long)
-    tgt = torch.full((batch, int(lengths.max()) + 2), PAD, dtype=torch.long)
-    for b, n in enumerate(lengths.tolist()):
-        digits = torch.randint(3, 13, (n,), generator=generator)
-        src[b, : n + 1] = torch.cat([digits, torch.tensor([EOS])])
-        tgt[b, : n + 2] = torch.cat([torch.tensor([BOS]), digits.flip(0), torch.tensor([EOS])])
-    return src, tgt
-
-
 def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
     """Train the learner's whole model (reference initial weights) on one fixed batch, where it lives, then
     judge the trained model's own predictions on that batch here."""
@@ -813,7 +738,7 @@ def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
         torch.manual_seed(seed)
         reference = ref.Transformer(13, 13, 32, 4, 2, 64, norm_first=norm_first)
         model = construct(name, Transformer, 13, 13, 32, 4, 2, 64, norm_first=norm_first)
-        load_reference_weights(name, model, reference, MODEL_HINT)
+        copy_weights(name, model, reference, MODEL_HINT)
         src, tgt = reversal_batch(torch.Generator().manual_seed(seed), 8, 2, 6)
         inputs, labels = tgt[:, :-1], tgt[:, 1:]
         run = learner_step(name, lambda: run_beside(stand_ins.train_on_batch, model, src, inputs, labels, PAD,
@@ -857,7 +782,7 @@ HIDDEN_DATA = [DataCase(5, 1, 7), DataCase(2, 3, 4), DataCase(6, 1, 3)]
 
 def _stand_in_model(vocab: int, d_model: int, seed: int) -> nn.Module:
     """A float64 stand-in model with random weights (its weights are what crosses to the learner's side)."""
-    return stand_ins.stand_in_model(_randomise(stand_ins.StandInModel(vocab, d_model).double(), Inputs(seed)).state_dict())
+    return stand_ins.stand_in_model(randomise(stand_ins.StandInModel(vocab, d_model).double(), Inputs(seed)).state_dict())
 
 
 def _cross_entropy(logits, labels, ignore_pads=True):
