@@ -4,16 +4,13 @@ Used by ``make demo`` and by the end-to-end tests, so that what the tests prove 
 Everything goes through nbgrader's own Python API; nothing here re-implements grading.
 """
 
-import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import nbformat
-from nbgrader.api import Gradebook
-from nbgrader.apps import NbGraderAPI
-from traitlets.config.loader import PyFileConfigLoader
+
+from .nbgrader_course import api, failure_messages, gradebook
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE)
 
@@ -38,17 +35,6 @@ def scratch_course(repo: Path, dest: Path) -> Path:
     shutil.copy2(repo / "nbgrader_config.py", dest / "nbgrader_config.py")
     shutil.copytree(repo / "solutions", dest / "solutions", dirs_exist_ok=True)
     return dest
-
-
-def api(course: Path) -> NbGraderAPI:
-    """nbgrader's API for the course in ``course``, configured by its own nbgrader_config.py."""
-    # nbgrader runs `alembic` (gradebook migrations) and kernels as commands: take this Python's.
-    bin_dir = str(Path(sys.executable).parent)
-    if bin_dir not in os.environ["PATH"].split(os.pathsep):
-        os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    config.CourseDirectory.root = str(course)
-    return NbGraderAPI(config=config)
 
 
 def run(result: dict) -> str:
@@ -109,25 +95,18 @@ def feedback(course: Path, student: str, chapter: str) -> Path:
 
 def scores(course: Path, student: str, chapter: str) -> dict[str, float]:
     """Points per graded cell of one autograded submission, and the total under ``"total"``."""
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        submission = gradebook.find_submission_notebook(chapter, chapter, student)
+    with gradebook(course) as book:
+        submission = book.find_submission_notebook(chapter, chapter, student)
         points = {grade.name: grade.score for grade in submission.grades}
         points["total"] = submission.score
         return points
 
 
 def max_score(course: Path, chapter: str) -> float:
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        return gradebook.find_assignment(chapter).max_score
+    with gradebook(course) as book:
+        return book.find_assignment(chapter).max_score
 
 
-def failure_messages(course: Path, student: str, chapter: str) -> list[str]:
-    """The first line of each failed graded cell's error: the check's diagnosis of the mistake."""
-    notebook = nbformat.read(course / "autograded" / student / chapter / f"{chapter}.ipynb", as_version=4)
-    messages = []
-    for cell in notebook.cells:
-        if cell.metadata.get("nbgrader", {}).get("grade"):
-            for output in cell.get("outputs", []):
-                if output.output_type == "error":
-                    messages.append(f"{output.ename}: {output.evalue.splitlines()[0] if output.evalue else ''}")
-    return messages
+def diagnoses(course: Path, student: str, chapter: str) -> list[str]:
+    """The first line of each failed graded cell's error in an autograded submission: the checks' diagnoses."""
+    return failure_messages(nbformat.read(course / "autograded" / student / chapter / f"{chapter}.ipynb", as_version=4))

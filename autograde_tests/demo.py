@@ -59,7 +59,7 @@ def main() -> None:
                 html = c.feedback(root, student, chapter)
             total = c.scores(root, student, chapter)["total"]
             print(f"  {student:<12} {total:>4g} / {top:g}   feedback: {html.relative_to(root)}")
-            for message in c.failure_messages(root, student, chapter):
+            for message in c.diagnoses(root, student, chapter):
                 print(f"  {'':<12} {message}")
 
 

@@ -16,9 +16,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from nbgrader.api import Gradebook
 
-from autograde_tests import course
+from autograde_tests import course, nbgrader_course
 
 from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 
@@ -85,7 +84,7 @@ def test_adversarial_submission_gets_its_outcome(graded, case):
 def test_the_canary_keeps_exactly_its_score(graded):
     root, _ = graded
     assert outcomes(root)[f"{CANARY.student}/{CHAPTER}"]["score"] == CANARY.expected
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+    with nbgrader_course.gradebook(root) as gradebook:
         assert gradebook.find_submission(CHAPTER, CANARY.student).score == CANARY.expected
 
 
@@ -115,7 +114,7 @@ def test_repairs_are_noted(graded):
 
 def test_gradebook_and_csv_hold_the_scores(graded):
     root, _ = graded
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+    with nbgrader_course.gradebook(root) as gradebook:
         assert gradebook.find_submission(CHAPTER, "correct").score == 6
         assert gradebook.find_submission(CHAPTER, "modifies_inputs_in_place").score == 2
     rows = list(csv.DictReader((root / "grades.csv").open()))
@@ -160,7 +159,7 @@ def test_a_failed_regrade_keeps_the_earlier_grade(graded):
     notebook.write_text("{ broken")
     run = grade(root, "--chapter", CHAPTER)
     assert run.returncode == 0 and "needs attention  correct / 01_attention: unreadable notebook" in run.stdout
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gradebook:
+    with nbgrader_course.gradebook(root) as gradebook:
         assert gradebook.find_submission(CHAPTER, "correct").score == 6
     assert autograded.read_bytes() == before
 

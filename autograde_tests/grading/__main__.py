@@ -12,9 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nbgrader.api import Gradebook
-
 from .. import course as nbcourse
+from .. import nbgrader_course
 from . import batch, report
 
 
@@ -81,8 +80,8 @@ def _released(parser, course: Path, chapters: list[str]) -> list[str]:
     """The chapters the course's gradebook knows (``make release`` records them)."""
     if not (course / "gradebook.db").is_file():
         parser.error(f"{course}: no gradebook.db; run `make release` (nbgrader generate_assignment) first")
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        names = {a.name for a in gradebook.assignments}
+    with nbgrader_course.gradebook(course) as book:
+        names = {a.name for a in book.assignments}
     return [c for c in chapters if c in names]
 
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import nbformat
 import psutil
-from nbgrader.api import Gradebook
 from tqdm import tqdm
 
 from .. import course as nbcourse
+from .. import nbgrader_course
 from . import submissions
 from .advisories import advisories
 
@@ -223,14 +223,14 @@ def _merge(course: Path, pair: Pair, job_dir: Path, result: dict) -> Outcome:
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     shutil.copy2(result["autograded"], staged / f"{pair.chapter}.ipynb")
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        gradebook.update_or_create_student(pair.student)
-        gradebook.update_or_create_submission(pair.chapter, pair.student)
+    with nbgrader_course.gradebook(course) as book:
+        book.update_or_create_student(pair.student)
+        book.update_or_create_submission(pair.chapter, pair.student)
         for name, score in result["scores"].items():
-            grade = gradebook.find_grade(name, pair.chapter, pair.chapter, pair.student)
+            grade = book.find_grade(name, pair.chapter, pair.chapter, pair.student)
             grade.auto_score = score
             grade.needs_manual_grade = grade.manual_score is not None
-        gradebook.db.commit()
+        book.db.commit()
     shutil.rmtree(destination, ignore_errors=True)
     staged.rename(destination)
     outcome.score = sum(result["scores"].values())

@@ -13,10 +13,10 @@ import threading
 
 import nbformat
 from nbclient.exceptions import DeadKernelError
-from nbgrader import utils
 from nbgrader.preprocessors import Execute
 from traitlets import Enum, Integer
 
+from ..nbgrader_course import is_test_cell
 from ..remote import MIME
 
 AGENT = "autograde_tests.remote.agent"
@@ -34,10 +34,6 @@ class KernelDied(BaseException):
 
 class KernelSilent(Exception):
     """The kernel gave no answer to a request (it timed out, or the learner replaced the agent)."""
-
-
-def is_test_cell(cell) -> bool:
-    return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
 
 
 class GraderExecute(Execute):

@@ -1,5 +1,6 @@
 """After a batch: feedback for each graded student, the grades CSV, and the class report."""
 
+import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -7,23 +8,23 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-from nbgrader.api import Gradebook  # noqa: E402
 from nbgrader.plugins.export import CsvExportPlugin  # noqa: E402
 
 from .. import course as nbcourse  # noqa: E402
+from .. import nbgrader_course  # noqa: E402
 
 
 def write_feedback(course: Path, graded: list[tuple[str, str]]) -> None:
     """nbgrader's own feedback (hidden test code left out by nbgrader_config.py), one student at a time."""
-    api = nbcourse.api(course)
+    api = nbgrader_course.api(course)
     for student, chapter in graded:
         nbcourse.run(api.generate_feedback(chapter, student, force=True))
 
 
 def export_grades(course: Path) -> Path:
     path = course / "grades.csv"
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        CsvExportPlugin(to=str(path)).export(gradebook)
+    with nbgrader_course.gradebook(course) as book:
+        CsvExportPlugin(to=str(path)).export(book)
     return path
 
 
@@ -33,8 +34,8 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     folder.mkdir(exist_ok=True)
     latest = {f"{o['student']}/{o['chapter']}": o for o in state.values()}
     scores, failures, attempts, mistakes = defaultdict(list), Counter(), Counter(), Counter()
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        for assignment in gradebook.assignments:
+    with nbgrader_course.gradebook(course) as book:
+        for assignment in book.assignments:
             for submission in assignment.submissions:
                 scores[assignment.name].append(submission.score / assignment.max_score * 100)
                 for notebook in submission.notebooks:
@@ -49,9 +50,8 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     lines = ["# Class report", "", confinement, "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
              "| --- | --- | --- | --- | --- |"]
     for chapter, values in sorted(scores.items()):
-        ordered = sorted(values)
-        lines.append(f"| {chapter} | {len(values)} | {sum(values) / len(values):.0f}% | "
-                     f"{ordered[len(ordered) // 2]:.0f}% | {sum(v >= 100 for v in values)} |")
+        lines.append(f"| {chapter} | {len(values)} | {statistics.mean(values):.0f}% | "
+                     f"{statistics.median(values):.0f}% | {sum(v >= 100 for v in values)} |")
     lines += ["", "![Score distribution per chapter](scores.png)", "", "## Failure rate per test", "",
               "| chapter | test | failed |", "| --- | --- | --- |"]
     for (chapter, test), total in sorted(attempts.items()):

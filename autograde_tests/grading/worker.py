@@ -57,48 +57,33 @@ def _start_kernel(job: dict):
 
 
 def grade(course: Path, student: str, chapter: str, job: dict, kernel) -> dict:
-    from nbgrader.api import Gradebook
-    from nbgrader.apps import NbGraderAPI
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
-    from traitlets.config.loader import PyFileConfigLoader
 
+    from .. import nbgrader_course
     from .execute import GraderExecute
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
-    config.CourseDirectory.root = str(course)
+    config = nbgrader_course.config(course)
     executor = type("GraderExecuteWithKernel", (GraderExecute,), {"started": kernel})
     preprocessors = Autograde.class_traits()["autograde_preprocessors"].default()
     config.Autograde.autograde_preprocessors = [executor if p is Execute else p for p in preprocessors]
     config.GraderExecute.timeout = job["cell_timeout"]
     config.GraderExecute.output_chars = job["output_chars"]
-    api = NbGraderAPI(config=config)
-    outcome = api.autograde(chapter, student, force=True, create=True)
+    outcome = nbgrader_course.api(course, config).autograde(chapter, student, force=True, create=True)
     if not outcome["success"]:
         return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
     autograded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
     notebook = nbformat.read(autograded, as_version=4)
-    errors = _errors(notebook, graded_only=True)
-    if any(marker in error for error in _errors(notebook, graded_only=False) for marker in MEMORY_ERRORS):
+    errors = nbgrader_course.failure_messages(notebook)
+    everywhere = nbgrader_course.failure_messages(notebook, graded_only=False)
+    if any(marker in error for error in everywhere for marker in MEMORY_ERRORS):
         return {"status": "needs-attention", "reason": "memory limit exceeded"}
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
-        notebook = gradebook.find_submission_notebook(chapter, chapter, student)
+    with nbgrader_course.gradebook(course) as book:
+        notebook = book.find_submission_notebook(chapter, chapter, student)
         scores = {g.name: g.score for g in notebook.grades}
         max_scores = {g.name: g.max_score for g in notebook.grades}
     return {"status": "graded", "scores": scores, "max_scores": max_scores, "messages": errors,
             "autograded": str(autograded)}
-
-
-def _errors(notebook, graded_only: bool) -> list[str]:
-    """The first line of each error (in graded cells: the check's diagnosis, for the class report)."""
-    messages = []
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and (cell.metadata.get("nbgrader", {}).get("grade") or not graded_only):
-            for output in cell.get("outputs", []):
-                if output.output_type == "error":
-                    first = (output.evalue or "").splitlines()[0] if output.evalue else ""
-                    messages.append(f"{output.ename}: {first}".strip())
-    return messages
 
 
 def _failure_reason(error: str) -> str:

@@ -1,0 +1,55 @@
+"""nbgrader as a course folder configures it: its configuration, API and gradebook, and how to read its cells.
+
+Shared by ``course`` (scratch courses for ``make demo`` and the tests), ``demo`` and ``grading``, so that
+every part of the course reaches nbgrader the same way, through the course's own ``nbgrader_config.py``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+from nbgrader import utils
+from nbgrader.api import Gradebook
+from nbgrader.apps import NbGraderAPI
+from nbgrader.coursedir import CourseDirectory
+from traitlets.config import Config
+from traitlets.config.loader import PyFileConfigLoader
+
+
+def config(course: Path) -> Config:
+    """The course's ``nbgrader_config.py``, rooted at ``course``."""
+    loaded = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+    loaded.CourseDirectory.root = str(course)
+    return loaded
+
+
+def api(course: Path, configured: Config | None = None) -> NbGraderAPI:
+    """nbgrader's API for the course in ``course`` (``configured``: its configuration, adjusted)."""
+    # nbgrader runs `alembic` (gradebook migrations) and kernels as commands: take this Python's.
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in os.environ["PATH"].split(os.pathsep):
+        os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
+    return NbGraderAPI(config=configured or config(course))
+
+
+def gradebook(course: Path) -> Gradebook:
+    """The course's gradebook, where its configuration puts it (``CourseDirectory.db_url``)."""
+    return Gradebook(CourseDirectory(config=config(course)).db_url)
+
+
+def is_test_cell(cell) -> bool:
+    """A graded cell of code that is not an answer: a cell of checks."""
+    return cell.cell_type == "code" and utils.is_grade(cell) and not utils.is_solution(cell)
+
+
+def failure_messages(notebook: nbformat.NotebookNode, graded_only: bool = True) -> list[str]:
+    """The first line of each error of an executed notebook (in graded cells: each check's diagnosis)."""
+    messages = []
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and (utils.is_grade(cell) or not graded_only):
+            for output in cell.get("outputs", []):
+                if output.output_type == "error":
+                    first = output.evalue.splitlines()[0] if output.evalue else ""
+                    messages.append(f"{output.ename}: {first}".strip())
+    return messages
