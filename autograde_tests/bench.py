@@ -10,7 +10,6 @@ where ``--out`` says.
 
 import argparse
 import datetime
-import os
 import platform
 import re
 import shutil
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import psutil
 import torch
 from nbclient import NotebookClient
 from torch import nn
@@ -56,11 +56,8 @@ def median_seconds(run: Callable[[], object], repeats: int, sync: Callable[[], N
 
 
 def machine() -> list[str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU") if Path("/proc/cpuinfo").exists() else platform.processor()
-    memory = next((int(line.split()[1]) / 2**20 for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), None) if Path("/proc/meminfo").exists() else None
-    lines = [f"- CPU: {cpu}, {os.cpu_count()} cores" + (f", {memory:.0f} GiB memory" if memory else ""),
+    memory = psutil.virtual_memory().total / 2**30
+    lines = [f"- CPU: {_cpu_model()}, {psutil.cpu_count()} cores, {memory:.0f} GiB memory",
              f"- {platform.system()} {platform.release()}, Python {platform.python_version()}, "
              f"torch {torch.__version__} ({torch.get_num_threads()} threads)"]
     if torch.cuda.is_available():
@@ -68,6 +65,14 @@ def machine() -> list[str]:
     else:
         lines.append("- CUDA: none")
     return lines
+
+
+def _cpu_model() -> str:
+    """The CPU's model name: Linux tells it in /proc/cpuinfo (psutil does not report it)."""
+    info = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+             if line.startswith("model name")] if info.exists() else []
+    return names[0] if names else platform.processor() or "unknown CPU"
 
 
 # ---------------------------------------------------------------------------------- 1. autograding

@@ -69,6 +69,12 @@ def graded(tmp_path_factory, answers_server):
     return root, run
 
 
+@pytest.fixture
+def regraded(graded, tmp_path) -> Path:
+    """A copy of the graded class, for a test that grades it again: the shared one stays as graded."""
+    return Path(shutil.copytree(graded[0], tmp_path / "class", symlinks=True))
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.student)
 def test_adversarial_submission_gets_its_outcome(graded, case):
     root, _ = graded
@@ -140,8 +146,8 @@ def test_class_report_has_plots_failure_rates_and_mistakes(graded):
     assert "starts processes or shell commands: `torch.os.spawnv`" in report
 
 
-def test_rerun_grades_only_what_changed(graded):
-    root, _ = graded
+def test_rerun_grades_only_what_changed(regraded):
+    root = regraded
     notebook = root / "submitted" / "modifies_inputs_in_place" / CHAPTER / f"{CHAPTER}.ipynb"
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     nbformat.write(solved(release), notebook)
@@ -151,8 +157,8 @@ def test_rerun_grades_only_what_changed(graded):
     assert outcomes(root)[f"modifies_inputs_in_place/{CHAPTER}"]["score"] == 6
 
 
-def test_a_failed_regrade_keeps_the_earlier_grade(graded):
-    root, _ = graded
+def test_a_failed_regrade_keeps_the_earlier_grade(regraded):
+    root = regraded
     notebook = root / "submitted" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
     autograded = root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
     before = autograded.read_bytes()
@@ -164,8 +170,8 @@ def test_a_failed_regrade_keeps_the_earlier_grade(graded):
     assert autograded.read_bytes() == before
 
 
-def test_an_lms_zip_is_collected_and_graded(graded):
-    root, _ = graded
+def test_an_lms_zip_is_collected_and_graded(regraded):
+    root = regraded
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     archive = root / "downloaded" / CHAPTER / "archive"
     archive.mkdir(parents=True)
