@@ -4,12 +4,14 @@ Every figure is run ``--repeats`` times (at least 3) and reported as a median; e
 ratio of two medians measured in the same run, on the same machine. The Markdown tables, with a
 description of the machine they came from, go to ``book/benchmarks_measured.md``, which the book's
 appendix page ``book/benchmarks.md`` includes; the file is rewritten after every figure so that a run
-cut short keeps what it measured. ``--smoke`` runs tiny sizes once, for the test suite, and writes
+cut short keeps what it measured, and ``--figures`` measures some figures again and keeps the others, each
+figure saying when and at which commit it was measured. ``--smoke`` runs tiny sizes once, for the test suite, and writes
 where ``--out`` says.
 """
 
 import argparse
 import datetime
+import os
 import platform
 import re
 import shutil
@@ -103,22 +105,49 @@ def autograding(repeats: int, chapters: list[str]) -> list[Row]:
 # ------------------------------------------------------------------------------- 2. class grading
 
 
-def class_grading(repeats: int, students: int) -> list[Row]:
+def class_grading(repeats: int, students: int, class_size: int) -> list[Row]:
+    """``make grade`` on ``students`` solved chapter-1 notebooks: ``--jobs 1``, ``--jobs 2`` and a Dask
+    cluster of two local workers that is already running (``--scheduler``), against the floor; then one
+    run of a class of ``class_size``."""
+    from distributed import Client, LocalCluster
+
     root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-class-")))
+    floor = statistics.median(_bare_notebook_seconds(root) for _ in range(repeats))
     chapter = course.chapters(root)[0]
     course.release(root, chapter)
     answer = course.solved(root, chapter)
     for n in range(students):
-        course.submit(root, f"student{n:02d}", chapter, answer)
-    rates = {}
-    for jobs in (1, 2):
-        command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", str(jobs), "--force"]
-        seconds = median_seconds(lambda: subprocess.run(command, check=True, capture_output=True), repeats)
-        rates[jobs] = students / seconds * 60
+        course.submit(root, f"student{n:03d}", chapter, answer)
+
+    def grade(*args: str) -> None:
+        command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--force", *args]
+        subprocess.run(command, check=True, capture_output=True)
+
+    seconds = {f"--jobs {jobs}": median_seconds(lambda: grade("--jobs", str(jobs)), repeats) for jobs in (1, 2)}
+    env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0", env=env) as cluster, \
+            Client(cluster):
+        grade("--scheduler", cluster.scheduler_address)  # the workers load torch and nbgrader once, as a standing cluster has
+        dask = median_seconds(lambda: grade("--scheduler", cluster.scheduler_address), repeats)
+    rows = [Row("executing a notebook that only imports torch (the floor)", f"{floor:.2f} s")]
+    one = seconds["--jobs 1"]
+    for what, taken in (*seconds.items(), ("--scheduler", dask)):
+        label = ("a Dask cluster of two local workers, already running (`--scheduler`)" if what == "--scheduler"
+                 else f'`make grade ARGS="{what}"`')
+        per = taken / students
+        rows.append(Row(f"{label}, {students} students of {chapter}: students/min; seconds per submission",
+                        f"{students / taken * 60:.1f}; {per:.2f} s",
+                        f"floor {floor:.2f} s" if what == "--jobs 1" else f"{students / one * 60:.1f} (`--jobs 1`)",
+                        f"{per / floor:.2f}× the floor" if what == "--jobs 1" else f"{one / taken:.2f}×"))
+    for n in range(students, class_size):
+        course.submit(root, f"student{n:03d}", chapter, answer)
+    start = time.perf_counter()
+    grade("--jobs", "2")
+    taken = time.perf_counter() - start
+    rows.append(Row(f'`make grade ARGS="--jobs 2"`, a class of {class_size} students of {chapter} (one run)',
+                    f"{taken / 60:.1f} min wall", "", f"{class_size / taken * 60:.1f} students/min"))
     shutil.rmtree(root, ignore_errors=True)
-    return [Row(f"`make grade ARGS=\"--jobs 1\"`, {students} students of {chapter}", f"{rates[1]:.1f} students/min"),
-            Row(f"`make grade ARGS=\"--jobs 2\"`, {students} students of {chapter}", f"{rates[2]:.1f} students/min",
-                f"{rates[1]:.1f} students/min", f"{rates[2] / rates[1]:.2f}×")]
+    return rows
 
 
 # ------------------------------------------------------------------- 3. the reference against torch
@@ -241,16 +270,33 @@ def builds(repeats: int, smoke: bool) -> list[Row]:
 # ------------------------------------------------------------------------------------------ report
 
 
-def table(title: str, rows: list[Row]) -> list[str]:
-    lines = [f"## {title}", "", "| measured | median | against | ratio |", "| --- | --- | --- | --- |"]
+def table(title: str, rows: list[Row], measured: str) -> list[str]:
+    lines = [f"## {title}", "", f"_{measured}._", "", "| measured | median | against | ratio |", "| --- | --- | --- | --- |"]
     lines += [f"| {r.what} | {r.value} | {r.against} | {r.ratio} |" for r in rows]
     return lines + [""]
+
+
+def kept_sections(path: Path) -> dict[str, list[str]]:
+    """The figures already in ``path``, by number, each with the line that says when it was measured."""
+    if not path.is_file():
+        return {}
+    text = path.read_text()
+    when = re.search(r"^Measured on (.*), on:$", text, re.MULTILINE)
+    sections = {}
+    for section in re.split(r"^(?=## )", text, flags=re.MULTILINE)[1:]:
+        lines = section.rstrip("\n").split("\n") + [""]
+        if not lines[2].startswith("_Measured") and when:  # a page written before figures carried their own date
+            lines[1:1] = ["", f"_Measured on {when.group(1)}._"]
+        sections[lines[0].removeprefix("## ").split(".")[0]] = lines
+    return sections
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
+    parser.add_argument("--figures", nargs="+", choices=["1", "2", "3", "4", "5"], default=["1", "2", "3", "4", "5"],
+                        help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
     args = parser.parse_args(argv)
@@ -258,30 +304,36 @@ def main(argv=None) -> None:
         parser.error("--repeats must be at least 3 (medians of fewer runs are noise)")
     repeats = 1 if args.smoke else args.repeats
     chapters = course.chapters(REPO)
-    sections = [
-        ("1. Autograding: seconds per notebook against the floor",
-         lambda: autograding(repeats, chapters[:1] if args.smoke else chapters)),
-        ("2. Class grading: students per minute", lambda: class_grading(repeats, 1 if args.smoke else 20)),
-        ("3. The reference against PyTorch", lambda: reference_vs_torch(
+    figures = {
+        "1": ("Autograding: seconds per notebook against the floor",
+              lambda: autograding(repeats, chapters[:1] if args.smoke else chapters)),
+        "2": ("Class grading: students per minute",
+              lambda: class_grading(repeats, *((1, 2) if args.smoke else (20, 200)))),
+        "3": ("The reference against PyTorch", lambda: reference_vs_torch(
             repeats, *((2, 16, 64, [64, 128]) if args.smoke else (8, 128, 512, [128, 256, 512, 1024, 2048])))),
-        ("4. Training the chapter-5 Transformer", lambda: training(repeats, 10 if args.smoke else None)),
-    ]
-    if not args.no_builds:
-        sections.append(("5. Building and testing the course", lambda: builds(repeats, args.smoke)))
-    lines = header(repeats, args.smoke)
+        "4": ("Training the chapter-5 Transformer", lambda: training(repeats, 10 if args.smoke else None)),
+        "5": ("Building and testing the course", lambda: builds(repeats, args.smoke)),
+    }
+    chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
+    sections = kept_sections(args.out)
+    lines = header()
     print("\n".join(lines), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    for title, measure in sections:
-        section = table(title, measure())
-        print("\n".join(section), flush=True)
-        lines += section
-        args.out.write_text("\n".join(lines))
+    for number in chosen:
+        title, measure = figures[number]
+        sections[number] = table(f"{number}. {title}", measure(), measured(repeats, args.smoke))
+        print("\n".join(sections[number]), flush=True)
+        args.out.write_text("\n".join(lines + [line for n in sorted(sections) for line in sections[n]]))
 
 
-def header(repeats: int, smoke: bool) -> list[str]:
+def header() -> list[str]:
+    return ["Measured on this machine (each figure says when, at which commit and with how many runs):", "", *machine(), ""]
+
+
+def measured(repeats: int, smoke: bool) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return [f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
-            f"{' (smoke run: tiny sizes)' if smoke else ''}, on:", "", *machine(), ""]
+    return (f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
+            f"{' (smoke run: tiny sizes)' if smoke else ''}")
 
 
 if __name__ == "__main__":

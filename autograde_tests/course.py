@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from .nbgrader_course import api, failure_messages, gradebook
+from .nbgrader_course import api, failure_messages, gradebook, run
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE)
 
@@ -35,13 +35,6 @@ def scratch_course(repo: Path, dest: Path) -> Path:
     shutil.copy2(repo / "nbgrader_config.py", dest / "nbgrader_config.py")
     shutil.copytree(repo / "solutions", dest / "solutions", dirs_exist_ok=True)
     return dest
-
-
-def run(result: dict) -> str:
-    """Raise with nbgrader's own traceback when an API call failed; return its log."""
-    if not result["success"]:
-        raise RuntimeError(result.get("error") or result.get("log") or "nbgrader failed")
-    return result.get("log", "")
 
 
 def release(course: Path, chapter: str) -> Path:

@@ -33,6 +33,13 @@ def api(course: Path, configured: Config | None = None) -> NbGraderAPI:
     return NbGraderAPI(config=configured or config(course))
 
 
+def run(result: dict) -> str:
+    """Raise with nbgrader's own traceback when an API call failed; return its log."""
+    if not result["success"]:
+        raise RuntimeError(result.get("error") or result.get("log") or "nbgrader failed")
+    return result.get("log", "")
+
+
 def gradebook(course: Path) -> Gradebook:
     """The course's gradebook, where its configuration puts it (``CourseDirectory.db_url``)."""
     return Gradebook(CourseDirectory(config=config(course)).db_url)

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from autograde_tests.bench import pytest_summary
+from autograde_tests.bench import kept_sections, pytest_summary
 
 
 def test_bench_smoke_run_writes_every_figure(tmp_path):
@@ -28,3 +28,34 @@ def test_pytest_summary_keeps_the_counts_of_the_last_line():
     assert pytest_summary(output) == "718 passed, 2 skipped"
     assert pytest_summary("= 1 failed, 3 passed in 2s =") == "1 failed, 3 passed"
     assert pytest_summary("make: *** [test] Error 2") == "no summary"
+
+
+OLD_PAGE = """Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs, on:
+
+- CPU: some CPU
+
+## 1. Autograding: seconds per notebook against the floor
+
+| measured | median | against | ratio |
+| --- | --- | --- | --- |
+| the floor | 4.22 s |  |  |
+
+## 3. The reference against PyTorch
+
+| measured | median | against | ratio |
+| --- | --- | --- | --- |
+| attention | 0.86 ms |  |  |
+"""
+
+
+def test_figures_measured_again_replace_only_themselves(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    out.write_text(OLD_PAGE)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--smoke", "--figures", "3", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    sections = kept_sections(out)
+    assert list(sections) == ["1", "3"]
+    assert "_Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs._" in sections["1"]
+    assert "| the floor | 4.22 s |  |  |" in sections["1"]
+    assert "0.86 ms" not in "\n".join(sections["3"]) and "(smoke run: tiny sizes)" in "\n".join(sections["3"])

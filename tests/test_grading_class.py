@@ -144,6 +144,7 @@ def test_class_report_has_plots_failure_rates_and_mistakes(graded):
     assert f"honest_writes_and_reads_a_file / {CHAPTER}: reads or writes files" in report
     assert f"rewrites_every_gradebook_it_finds / {CHAPTER}: reads or writes files" in report
     assert "starts processes or shell commands: `torch.os.spawnv`" in report
+    assert "## Who graded what" in report and f"| correct | {CHAPTER} | " in report
 
 
 def test_rerun_grades_only_what_changed(regraded):

@@ -1,18 +1,24 @@
-"""One submission through the worker and its sandboxed kernel, tested on their own: a kernel that dies,
-or that ignores interrupts and never finishes, still ends as needs-attention, and nothing of it is left
-running; what the kernel can see and reach."""
+"""One submission through a grading worker and its sandboxed kernel, tested on their own: a kernel that
+dies, or that ignores interrupts and never finishes, still ends as needs-attention, and nothing of it is
+left running; what the kernel can see and reach."""
 
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
+from distributed import Client, LocalCluster
 
 from autograde_tests import course
-from autograde_tests.grading import batch
+from autograde_tests.grading import worker
+from autograde_tests.grading.worker import Job, grade
 
 from .adversarial import CHAPTER, solved, with_extra_cell
 
@@ -26,52 +32,96 @@ def template(tmp_path_factory):
     return root
 
 
-def run_one(template: Path, tmp_path: Path, notebook, timeout: int, cell_timeout: int = 5) -> tuple[dict, Path]:
-    """Grade ``notebook`` as the batch would; the result, and the kernel's exchange folder (a short path, as
-    the batch makes it), which names every process of the kernel on its command line."""
-    settings = batch.Settings(template, [CHAPTER], jobs=1, timeout=timeout, cell_timeout=cell_timeout,
-                              memory_bytes=3 * 2**30, output_chars=100_000)
-    job = {"student": "mallory", "chapter": CHAPTER, "notes": [], "advisories": [], "digest": ""}
-    exchange = Path(tempfile.mkdtemp(prefix="grading-")) / "0"
-    job_dir = batch.write_job(notebook, job, settings, template, tmp_path / "jobs", exchange)
-    return batch.run_worker(job_dir, timeout), exchange
+@contextlib.contextmanager
+def local_cluster():
+    """One grading worker process, as ``make grade --jobs 1`` starts it."""
+    env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", env=env) as cluster, Client(cluster) as connected:
+        yield connected
 
 
-def survivors(exchange: Path) -> list:
-    return [p for p in psutil.process_iter(["cmdline"]) if str(exchange) in " ".join(p.info["cmdline"] or [])]
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster() as connected:
+        yield connected
+
+
+def run_one(template: Path, client, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> dict:
+    """Grade ``notebook`` as the batch would, on the worker; then no kernel of it may be left running."""
+    config = config or (template / "nbgrader_config.py").read_text()
+    job = Job("mallory", CHAPTER, nbformat.writes(notebook), config,
+              (template / "solutions" / CHAPTER / f"{CHAPTER}.ipynb").read_text(),
+              timeout, cell_timeout, 3 * 2**30, 100_000, sandbox=True)
+    result = client.submit(grade, job, pure=False).result()
+    assert orphaned_kernels() == []
+    return result
+
+
+def orphaned_kernels() -> list[str]:
+    """Kernel processes (bubblewrap or ipykernel) whose exchange folder is gone: the worker removes it
+    when it is done with a kernel, so only a kernel it failed to kill can still name it."""
+    orphans = []
+    for process in psutil.process_iter(["cmdline"]):
+        files = [a for a in process.info["cmdline"] or [] if a.endswith("/kernel.json")]
+        orphans += [" ".join(process.info["cmdline"]) for f in files if not Path(f).parent.exists()]
+    return orphans
 
 
 def release(template: Path):
     return nbformat.read(template / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
 
 
-def test_a_kernel_that_exits_is_reported_not_graded(template, tmp_path):
-    notebook = with_extra_cell("import os\nos._exit(1)")(release(template))
-    result, exchange = run_one(template, tmp_path, notebook, timeout=120)
+def test_a_kernel_that_exits_is_reported_not_graded(template, client):
+    result = run_one(template, client, with_extra_cell("import os\nos._exit(1)")(release(template)), timeout=120)
     assert result["status"] == "needs-attention" and "kernel died" in result["reason"]
-    assert survivors(exchange) == []
 
 
 IGNORES_INTERRUPTS = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
 
 
-def test_a_cell_that_ignores_interrupts_ends_at_the_cell_time_limit(template, tmp_path):
-    notebook = with_extra_cell(IGNORES_INTERRUPTS)(release(template))
-    result, exchange = run_one(template, tmp_path, notebook, timeout=120, cell_timeout=5)
-    assert result == {"status": "needs-attention", "reason": "a cell did not finish within the time limit"}
-    assert survivors(exchange) == []
+def test_a_cell_that_ignores_interrupts_ends_at_the_cell_time_limit(template, client):
+    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=120, cell_timeout=5)
+    assert (result["status"], result["reason"]) == ("needs-attention", "a cell did not finish within the time limit")
 
 
-def test_a_kernel_that_ignores_interrupts_is_killed_at_the_submission_time_limit(template, tmp_path):
-    notebook = with_extra_cell(IGNORES_INTERRUPTS)(release(template))
-    result, exchange = run_one(template, tmp_path, notebook, timeout=25, cell_timeout=600)
-    assert result == {"status": "needs-attention", "reason": "timed out after 25 s (killed)"}
-    assert survivors(exchange) == []
+def test_a_kernel_that_ignores_interrupts_is_killed_at_the_submission_time_limit(template, client):
+    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=25, cell_timeout=600)
+    assert (result["status"], result["reason"]) == ("needs-attention", "timed out after 25 s (killed)")
+    assert result["seconds"] < 40
 
 
-def test_the_same_machinery_grades_a_correct_notebook(template, tmp_path):
-    result, _ = run_one(template, tmp_path, solved(release(template)), timeout=120)
+def test_the_same_machinery_grades_a_correct_notebook(template, client):
+    result = run_one(template, client, solved(release(template)), timeout=120)
     assert result["status"] == "graded" and sum(result["scores"].values()) == 6
+    assert result["worker"].startswith(socket.gethostname() + "/")
+
+
+def test_the_worker_keeps_its_own_gradebook_whatever_the_course_configures(template, client, tmp_path):
+    elsewhere = tmp_path / "course_gradebook.db"
+    config = (template / "nbgrader_config.py").read_text() + f'\nc.CourseDirectory.db_url = "sqlite:///{elsewhere}"\n'
+    result = run_one(template, client, solved(release(template)), timeout=120, config=config)
+    assert result["status"] == "graded" and sum(result["scores"].values()) == 6
+    assert not elsewhere.exists()
+
+
+def test_a_worker_shut_down_leaves_no_kernel_behind(template):
+    """The kernel a worker started ahead dies with it, and its folders go; a killed worker's folders,
+    which it could not remove, go when the next worker starts."""
+    gone = subprocess.Popen(["true"])  # a pid that no longer runs
+    gone.wait()
+    stale = Path(tempfile.gettempdir()) / f"grading-worker-{gone.pid}-killed"
+    stale.mkdir()
+    with local_cluster() as own:
+        assert run_one(template, own, solved(release(template)), timeout=120)["status"] == "graded"
+        (pid,) = own.run(os.getpid).values()
+        (folder,) = own.run(lambda: worker._worker.root).values()
+        waiting = psutil.Process(pid).children(recursive=True)
+        assert any(a.endswith("/kernel.json") for p in waiting for a in p.cmdline()), "no kernel was started ahead"
+    psutil.wait_procs(waiting, timeout=10)
+    assert [p.pid for p in waiting if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
+    assert not folder.exists(), "the worker left its scratch courses and kernel folders behind"
+    assert not stale.exists(), "a killed worker's folders were left"
 
 
 LOOK_AROUND = '''
@@ -100,7 +150,7 @@ print("SEEN" + json.dumps(seen))
 '''
 
 
-def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(template, tmp_path):
+def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(template, client):
     """What bubblewrap promises, seen from inside: an unprivileged uid, a few processes of its own, no
     course folder, no way to the grader's network, the graded chapter's reference (and its compiled
     copy) absent, and the file-size limit."""
@@ -108,10 +158,10 @@ def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(templ
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     source = LOOK_AROUND.replace("COURSE", repr(str(template))).replace("PORT", str(listener.getsockname()[1]))
-    result, _ = run_one(template, tmp_path, with_extra_cell(source)(release(template)), timeout=120)
+    result = run_one(template, client, with_extra_cell(source)(release(template)), timeout=120)
     listener.close()
     assert result["status"] == "graded"
-    outputs = [o.get("text", "") for c in nbformat.read(result["autograded"], as_version=4).cells for o in c.get("outputs", [])]
+    outputs = [o.get("text", "") for c in nbformat.reads(result["autograded"], as_version=4).cells for o in c.get("outputs", [])]
     seen = json.loads(next(t for t in outputs if t.startswith("SEEN")).removeprefix("SEEN"))
     assert seen["uid"] == 65534
     assert max(seen["pids"]) < 20  # its own PID namespace

@@ -2,7 +2,8 @@
 
 Reads submissions from submitted/<student>/<chapter>/ (or, with --zip-collect, from an LMS download
 in downloaded/<chapter>/archive/ through ``nbgrader zip_collect``), grades every pair in isolation and
-in parallel, and writes the gradebook, autograded/, feedback/, grades.csv and reports/class_report.md.
+in parallel (on this machine, or on the workers of a Dask scheduler), and writes the gradebook,
+autograded/, feedback/, grades.csv and reports/class_report.md.
 """
 
 import argparse
@@ -27,7 +28,9 @@ def parse(argv=None) -> batch.Settings:
     parser = _Parser(prog="python -m autograde_tests.grading", description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="the course folder (default: here)")
     parser.add_argument("--chapter", action="append", help="a chapter to grade (repeatable; default: all)")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="submissions graded at once (default: cores)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count(),
+                        help="grading workers on this machine, each grading one submission at a time (default: cores)")
+    parser.add_argument("--scheduler", help="a Dask scheduler's address (tcp://HOST:8786): grade on its workers instead")
     parser.add_argument("--timeout", type=int, default=600, help="seconds for one submission (default: 600)")
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds for one cell (default: 120)")
     parser.add_argument("--memory", type=float, default=4.0, help="GiB of memory for one kernel (default: 4)")
@@ -60,8 +63,8 @@ def parse(argv=None) -> batch.Settings:
         parser.error(f"no submissions for {', '.join(chapters)} in {course / 'submitted'}")
     if not args.no_sandbox:
         _expect_bubblewrap(parser)
-    return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout,
-                          int(args.memory * 2**30), args.output, args.force, sandbox=not args.no_sandbox)
+    return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
+                          args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler)
 
 
 def _expect_bubblewrap(parser) -> None:
@@ -98,8 +101,6 @@ def _zip_collect(parser, course: Path, chapters: list[str]) -> None:
 def main(argv=None) -> None:
     settings = parse(argv)
     outcomes = batch.grade_class(settings)
-    graded = [(o.student, o.chapter) for o in outcomes if o.status == "graded"]
-    report.write_feedback(settings.course, graded)
     csv = report.export_grades(settings.course)
     state = batch.load_state(settings.course)
     summary = report.write_report(settings.course, state, settings.sandbox)

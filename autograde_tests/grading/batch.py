@@ -1,32 +1,33 @@
 """Grade a class: every (student, chapter) pair on its own, in parallel, and never stop the batch.
 
-For each pair the trusted grader (this process) reads the submission, rebuilds it around the release
-(``submissions``), notes what its code does (``advisories``, for the report only), and hands it to a
-worker process that runs nbgrader in a scratch course: the learner's cells in a kernel confined by
-bubblewrap (``sandbox_kernel``), the graded cells judged by the worker itself (``execute``). A worker
-past its time limit is killed with its whole process tree. Only a pair that was graded is merged into
-the course's gradebook and ``autograded/`` folder, so a failed regrade leaves the earlier grade as it
-was. A pair whose notebook has not changed since it was graded is skipped.
+This process is the coordinator. For each pair it reads the submission, rebuilds it around the release
+(``submissions``) and notes what its code does (``advisories``, for the report only); it sends each to a
+grading worker as a Dask task (``worker.grade``): a local cluster of ``--jobs`` worker processes, or the
+workers of a Dask scheduler (``--scheduler``), on other machines too. A worker runs the learner's cells in
+a bubblewrap kernel and judges the graded cells itself; what comes back is data. Only this process writes
+the course: a pair that was graded is merged into the gradebook, ``autograded/`` and ``feedback/`` as its
+result arrives, and the record of what was graded is saved with it, so a batch cut short and run again
+grades only what is missing, and a failed regrade leaves the earlier grade as it was. A worker that dies
+mid-task has its task run again elsewhere by Dask; a submission that kills workers again and again ends
+as needs-attention. A pair whose notebook has not changed since it was graded is skipped.
 """
 
+import contextlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
-import psutil
+from distributed import Client, KilledWorker, LocalCluster, as_completed
 from tqdm import tqdm
 
-from .. import course as nbcourse
 from .. import nbgrader_course
-from . import submissions
+from . import submissions, worker
 from .advisories import advisories
 
 WORK = ".grading"
@@ -43,6 +44,7 @@ class Settings:
     output_chars: int
     force: bool = False
     sandbox: bool = True  # kernels in bubblewrap; off only for trusted work (--no-sandbox)
+    scheduler: str | None = None  # a Dask scheduler's address; None: a local cluster of ``jobs`` workers
 
 
 @dataclass
@@ -57,6 +59,8 @@ class Outcome:
     advisories: list[str] = field(default_factory=list)  # what its code does, for a person to look at
     messages: list[str] = field(default_factory=list)
     digest: str = ""
+    worker: str = ""  # which grading worker graded it
+    seconds: float | None = None  # how long its grading took there
 
 
 @dataclass(frozen=True)
@@ -91,44 +95,61 @@ def grade_class(settings: Settings) -> list[Outcome]:
     work = course / WORK
     work.mkdir(mode=0o700, exist_ok=True)
     state = load_state(course)
-    pairs = find_pairs(course, settings.chapters)
-    template = _template(course, work, sorted({p.chapter for p in pairs}))
-    # Each kernel's connection file and sockets, in a short path (a socket's path has at most 107 bytes).
-    exchanges = Path(tempfile.mkdtemp(prefix="grading-"))
-
-    outcomes, jobs = [], []
-    for number, pair in enumerate(pairs):
-        outcome, job_dir = _prepare(pair, settings, template, work, exchanges / str(number), state)
-        (outcomes.append(outcome) if outcome else jobs.append((pair, job_dir)))
-    with ThreadPoolExecutor(max_workers=settings.jobs) as pool:
-        running = {pool.submit(run_worker, job_dir, settings.timeout): (pair, job_dir) for pair, job_dir in jobs}
-        for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
-            pair, job_dir = running[done]
-            outcomes.append(_merge(course, pair, job_dir, done.result()))
-    shutil.rmtree(exchanges, ignore_errors=True)
-
+    outcomes, tasks = [], []
+    for pair in find_pairs(course, settings.chapters):
+        prepared = _prepare(pair, settings, state)
+        (outcomes.append(prepared) if isinstance(prepared, Outcome) else tasks.append((pair, *prepared)))
+    if tasks:
+        with _workers(settings) as client:
+            # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any
+            # other batch's on a shared scheduler (Dask would hand both the same result).
+            running = {client.submit(worker.grade, job, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
+                       (pair, job, outcome) for pair, job, outcome in tasks}
+            for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
+                pair, job, outcome = running[done]
+                outcomes.append(_merge(course, pair, outcome, _result(done)))
+                state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
+                _save_state(work, state)
     for outcome in outcomes:
-        key = f"{outcome.student}/{outcome.chapter}"
-        if outcome.status != "unchanged":
-            state[key] = asdict(outcome)
-    (work / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
+        if outcome.status == "needs-attention":
+            state[f"{outcome.student}/{outcome.chapter}"] = asdict(outcome)
+    _save_state(work, state)
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
 
 
-def _template(course: Path, work: Path, chapters: list[str]) -> Path:
-    """A scratch course whose gradebook knows the chapters: copied for every worker."""
-    template = work / "template"
-    shutil.rmtree(template, ignore_errors=True)
-    nbcourse.scratch_course(course, template)
-    for chapter in chapters:
-        nbcourse.release(template, chapter)
-    return template
+@contextlib.contextmanager
+def _workers(settings: Settings) -> Iterator[Client]:
+    """A Dask client: of the scheduler named in the settings, or of a local cluster of ``jobs`` processes."""
+    if settings.scheduler:
+        with Client(settings.scheduler) as client:
+            yield client
+        return
+    # nbgrader runs `alembic` and the kernels from the course environment's bin/.
+    env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    with LocalCluster(n_workers=settings.jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", env=env) as cluster, Client(cluster) as client:
+        yield client
 
 
-def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, exchange: Path, state: dict):
-    """Return (an outcome, None) when the pair needs no worker, else (None, the worker's job folder)."""
+def _result(done) -> dict:
+    """A task's result; a task whose grading killed its workers (Dask gave up on it) needs attention."""
+    try:
+        return done.result()
+    except KilledWorker as exc:
+        return {"status": "needs-attention",
+                "reason": f"grading it killed the grading worker {exc.allowed_failures + 1} times (Dask gave up on it)"}
+
+
+def _save_state(work: Path, state: dict) -> None:
+    staged = work / "state.json.new"
+    staged.write_text(json.dumps(state, indent=1, sort_keys=True))
+    staged.replace(work / "state.json")
+
+
+def _prepare(pair: Pair, settings: Settings, state: dict):
+    """An outcome when the pair needs no grading; else (the worker's job, the outcome to complete)."""
     def attention(reason, **extra):
-        return Outcome(pair.student, pair.chapter, "needs-attention", reason, **extra), None
+        return Outcome(pair.student, pair.chapter, "needs-attention", reason, **extra)
 
     if pair.notebook is None:
         found = ", ".join(pair.extra_files) or "nothing"
@@ -137,92 +158,44 @@ def _prepare(pair: Pair, settings: Settings, template: Path, work: Path, exchang
     previous = state.get(f"{pair.student}/{pair.chapter}", {})
     if not settings.force and previous.get("digest") == digest and previous.get("status") == "graded":
         return Outcome(pair.student, pair.chapter, "unchanged", score=previous["score"],
-                       max_score=previous["max_score"], digest=digest), None
+                       max_score=previous["max_score"], digest=digest)
     notes = [f"ignored files submitted beside the notebook: {', '.join(pair.extra_files)}"] if pair.extra_files else []
     try:
         submitted = submissions.read(pair.notebook)
     except submissions.Unreadable as exc:
         return attention(f"unreadable notebook: {exc}", digest=digest)
-    release = nbformat.read(template / "notebooks" / pair.chapter / f"{pair.chapter}.ipynb", as_version=4)
+    course = settings.course
+    release = nbformat.read(_released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
-    job = {"student": pair.student, "chapter": pair.chapter, "notes": notes + rebuilt.notes,
-           "advisories": advisories(rebuilt.learner_code), "digest": digest}
-    return None, write_job(rebuilt.notebook, job, settings, template, work / "jobs", exchange)
+    job = worker.Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
+                     (course / "nbgrader_config.py").read_text(),
+                     (course / "solutions" / pair.chapter / f"{pair.chapter}.ipynb").read_text(),
+                     settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_chars,
+                     settings.sandbox)
+    outcome = Outcome(pair.student, pair.chapter, "graded", notes=notes + rebuilt.notes,
+                      advisories=advisories(rebuilt.learner_code), digest=digest)
+    return job, outcome
 
 
-def write_job(notebook, job: dict, settings: Settings, template: Path, jobs: Path, exchange: Path) -> Path:
-    """A worker's folder: a scratch course from ``template`` with ``notebook`` submitted, and job.json."""
-    student, chapter = job["student"], job["chapter"]
-    job_dir = jobs / student / chapter
-    shutil.rmtree(job_dir, ignore_errors=True)
-    (job_dir / "course").mkdir(parents=True)
-    for name in ("nbgrader_config.py", "gradebook.db"):
-        shutil.copy2(template / name, job_dir / "course" / name)
-    shutil.copytree(template / "solutions" / chapter, job_dir / "course" / "solutions" / chapter)
-    target = job_dir / "course" / "submitted" / student / chapter / f"{chapter}.ipynb"
-    target.parent.mkdir(parents=True)
-    nbformat.write(notebook, target)
-    exchange.mkdir(parents=True)
-    job |= {"cell_timeout": settings.cell_timeout, "memory_bytes": settings.memory_bytes,
-            "output_chars": settings.output_chars, "sandbox": settings.sandbox, "exchange": str(exchange)}
-    (job_dir / "job.json").write_text(json.dumps(job))
-    return job_dir
+def _released(course: Path, chapter: str) -> Path:
+    """The learners' notebook of ``chapter``, in the course's release folder."""
+    release = nbgrader_course.config(course).CourseDirectory.get("release_directory", "release")
+    return course / release / chapter / f"{chapter}.ipynb"
 
 
-def run_worker(job_dir: Path, timeout: int) -> dict:
-    env = os.environ | {
-        "JUPYTER_PATH": str(job_dir / "jupyter"),
-        "JUPYTER_CONFIG_DIR": str(job_dir / "config"),
-        "JUPYTER_RUNTIME_DIR": str(job_dir / "runtime"),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-        # Kernels get no GPU in the sandbox, so the checks judging them must not expect one.
-        "CUDA_VISIBLE_DEVICES": "",
-    }
-    with open(job_dir / "worker.log", "w") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading.worker", str(job_dir)],
-                                  env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            worker.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"status": "needs-attention", "reason": f"timed out after {timeout} s (killed)"}
-        finally:
-            _kill_tree(worker.pid)
-    result = job_dir / "result.json"
-    if result.is_file():
-        return json.loads(result.read_text())
-    return {"status": "needs-attention", "reason": f"the grading worker failed (exit {worker.returncode}); see {log.name}"}
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a worker and every process below it (kernels too, whatever signals they ignore), and wait
-    until they are gone: a killed process lingers until the kernel has torn it down."""
-    try:
-        victims = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        victims = []
-    for process in victims:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    psutil.wait_procs(victims, timeout=10)
-
-
-def _merge(course: Path, pair: Pair, job_dir: Path, result: dict) -> Outcome:
-    job = json.loads((job_dir / "job.json").read_text())
-    outcome = Outcome(pair.student, pair.chapter, result["status"], result.get("reason", ""), notes=job["notes"],
-                      advisories=job["advisories"], messages=result.get("messages", []), digest=job["digest"])
+def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict) -> Outcome:
+    """Complete ``outcome`` with ``result``; a graded pair's files and grades go into the course."""
+    outcome.status, outcome.reason = result["status"], result.get("reason", "")
+    outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
     if outcome.status != "graded":
         return outcome
-    destination = course / "autograded" / pair.student / pair.chapter
-    staged = destination.with_name(f".{pair.chapter}.new")
-    shutil.rmtree(staged, ignore_errors=True)
-    staged.mkdir(parents=True)
-    shutil.copy2(result["autograded"], staged / f"{pair.chapter}.ipynb")
+    staged = {}
+    for folder, suffix, text in (("autograded", "ipynb", result["autograded"]), ("feedback", "html", result["feedback"])):
+        destination = course / folder / pair.student / pair.chapter
+        staged[destination] = destination.with_name(f".{pair.chapter}.new")
+        shutil.rmtree(staged[destination], ignore_errors=True)
+        staged[destination].mkdir(parents=True)
+        (staged[destination] / f"{pair.chapter}.{suffix}").write_text(text)
     with nbgrader_course.gradebook(course) as book:
         book.update_or_create_student(pair.student)
         book.update_or_create_submission(pair.chapter, pair.student)
@@ -231,8 +204,9 @@ def _merge(course: Path, pair: Pair, job_dir: Path, result: dict) -> Outcome:
             grade.auto_score = score
             grade.needs_manual_grade = grade.manual_score is not None
         book.db.commit()
-    shutil.rmtree(destination, ignore_errors=True)
-    staged.rename(destination)
+    for destination, files in staged.items():  # the files follow the grade only once it is written
+        shutil.rmtree(destination, ignore_errors=True)
+        files.rename(destination)
     outcome.score = sum(result["scores"].values())
     outcome.max_score = sum(result["max_scores"].values())
     return outcome

@@ -1,4 +1,4 @@
-"""After a batch: feedback for each graded student, the grades CSV, and the class report."""
+"""After a batch: the grades CSV, and the class report."""
 
 import statistics
 from collections import Counter, defaultdict
@@ -10,15 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 from nbgrader.plugins.export import CsvExportPlugin  # noqa: E402
 
-from .. import course as nbcourse  # noqa: E402
 from .. import nbgrader_course  # noqa: E402
-
-
-def write_feedback(course: Path, graded: list[tuple[str, str]]) -> None:
-    """nbgrader's own feedback (hidden test code left out by nbgrader_config.py), one student at a time."""
-    api = nbgrader_course.api(course)
-    for student, chapter in graded:
-        nbcourse.run(api.generate_feedback(chapter, student, force=True))
 
 
 def export_grades(course: Path) -> Path:
@@ -69,6 +61,15 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     if noted:
         lines += ["", "## Repairs made before grading", ""]
         lines += [f"- {e['student']} / {e['chapter']}: {'; '.join(e['notes'])}" for e in noted]
+    graded = sorted((e for e in latest.values() if e.get("worker")), key=lambda e: (e["chapter"], e["student"]))
+    if graded:
+        by_worker = defaultdict(list)
+        for entry in graded:
+            by_worker[entry["worker"]].append(entry["seconds"])
+        lines += ["", "## Who graded what", "", "| worker | submissions | median seconds |", "| --- | --- | --- |"]
+        lines += [f"| {w} | {len(s)} | {statistics.median(s):.1f} |" for w, s in sorted(by_worker.items())]
+        lines += ["", "| student | chapter | worker | seconds |", "| --- | --- | --- | --- |"]
+        lines += [f"| {e['student']} | {e['chapter']} | {e['worker']} | {e['seconds']} |" for e in graded]
     advised = [e for e in latest.values() if e.get("advisories")]
     if advised:
         lines += ["", "## What some submissions' code does (graded as usual; worth a look)", ""]

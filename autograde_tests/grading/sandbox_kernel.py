@@ -4,8 +4,9 @@ nbgrader starts kernels by kernel-spec name; the worker points the name ``python
 which sets the limits (memory, file size, no core dumps) and becomes ``bwrap`` running ipykernel:
 
 - a user namespace with an unprivileged uid and no capabilities; its own PID namespace, so that every
-  process the learner starts dies with the kernel (``--die-with-parent``); no network but its own
-  loopback; a new session (no terminal to write into);
+  process the learner starts dies with the kernel (``--die-with-parent``), and the kernel with the
+  grading worker that started it; no network but its own loopback; a new session (no terminal to
+  write into);
 - read-only: the system's ``/usr``, the Python installation and the course's environment; the course
   package, minus the reference of the graded chapter and of every later one (an empty module that
   says so stands in for each, and their compiled copies are hidden);
@@ -17,9 +18,11 @@ No course folder, ``solutions/``, gradebook or other submission is mounted: they
 """
 
 import argparse
+import ctypes
 import os
 import resource
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from autograde_tests.reference import hidden_in_grading
 FILE_BYTES = 64 * 2**20  # the largest file the kernel may write (caches included)
 TMP_BYTES = 256 * 2**20  # the kernel's private writable space
 NOBODY = 65534
+PR_SET_PDEATHSIG = 1
 HIDDEN = Path(__file__).with_name("hidden_reference.py")
 
 
@@ -87,10 +91,13 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (args.memory_bytes, args.memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # torch and the agent load as the kernel starts, while the grader is still loading nbgrader; nothing
-    # is bound in the learner's namespace.
+    # torch and the agent load as the kernel starts, ahead of the submission it will grade; nothing is
+    # bound in the learner's namespace.
     preload = "--IPKernelApp.exec_lines=__import__('torch'), __import__('autograde_tests.remote.agent')"
     kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection), preload, *kernel_args]
+    # If the grading worker dies (killed, or its machine's Dask worker stopped), what this process becomes
+    # dies with it: bubblewrap, whose sandbox goes with it (--die-with-parent), or the unsandboxed kernel.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if args.no_sandbox:
         os.chdir(args.exchange)
         os.execve(sys.executable, kernel, _environment(str(args.exchange)))

@@ -1,89 +1,159 @@
-"""Grade one (student, chapter) pair with nbgrader, in a scratch course of its own.
+"""Grade one (student, chapter) submission, in a grading worker that lives for the whole batch.
 
-Run by the batch as ``python -m autograde_tests.grading.worker JOB_DIR``, in a process group of its
-own that the batch kills whole at the time limit. ``JOB_DIR/job.json`` says what to grade; the
-answer is written to ``JOB_DIR/result.json``. The scratch course holds a copy of the course's
-configuration and gradebook template, and the rebuilt submission; nothing here touches the real course.
-This process is trusted: it runs no learner code (the sandboxed kernel does) and judges the graded
-cells itself (``execute.GraderExecute``).
+The coordinator (``batch``) sends each submission as a task to a Dask worker: a process of the course's
+environment, on this machine or another, that has bubblewrap but not the course folder. A worker loads
+nbgrader, torch and the checks once; per chapter it keeps a scratch course built from what the task
+carries (the course's nbgrader configuration and the chapter's instructor notebook); and it keeps one
+sandboxed kernel started ahead (``kernels``). This process is trusted: it runs no learner code (the
+kernel does) and judges the graded cells itself (``execute.GraderExecute``). What it returns is data:
+the scores, the checks' messages, the autograded notebook and its feedback page; the coordinator alone
+writes the course's gradebook and files.
 """
 
-import ctypes
-import json
-import sys
+import atexit
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-# jsonschema, under nbformat, builds the grammar of an optional IRI checker as it imports (0.7 s, in
-# every worker); no notebook schema uses IRIs, so the worker does without it.
-sys.modules.setdefault("rfc3987_syntax", None)
+import nbformat
+import psutil
 
-import nbformat  # noqa: E402
+from .. import nbgrader_course
+from .kernels import WarmKernels, kill, terminate
 
-PR_SET_CHILD_SUBREAPER = 36
 MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "not enough memory")
 
 
-def main(job_dir: Path) -> None:
-    job = json.loads((job_dir / "job.json").read_text())
-    # Orphaned grandchildren (a kernel's own children) stay ours, so the batch can find and kill them.
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    _write_kernel_spec(job_dir, job)
-    kernel = _start_kernel(job)  # it boots, and imports torch, while this process loads nbgrader
-    result = grade(job_dir / "course", job["student"], job["chapter"], job, kernel)
-    (job_dir / "result.json").write_text(json.dumps(result))
+@dataclass(frozen=True)
+class Job:
+    student: str
+    chapter: str
+    notebook: str  # the rebuilt submission (JSON)
+    config: str  # the course's nbgrader_config.py
+    solution: str  # the chapter's instructor notebook (JSON)
+    timeout: int  # seconds for the whole submission
+    cell_timeout: int
+    memory_bytes: int
+    output_chars: int
+    sandbox: bool
 
 
-def _write_kernel_spec(job_dir: Path, job: dict) -> None:
-    """Make the kernel name ``python3`` mean the sandboxed kernel, for this worker only (JUPYTER_PATH)."""
-    argv = [sys.executable, "-m", "autograde_tests.grading.sandbox_kernel", "--chapter", job["chapter"],
-            "--exchange", job["exchange"], "--memory-bytes", str(job["memory_bytes"]), "-f", "{connection_file}"]
-    if not job["sandbox"]:
-        argv.insert(-2, "--no-sandbox")
-    spec = job_dir / "jupyter" / "kernels" / "python3" / "kernel.json"
-    spec.parent.mkdir(parents=True, exist_ok=True)
-    # Interrupts travel as messages: a signal to bubblewrap would not reach the kernel inside.
-    spec.write_text(json.dumps({"argv": argv, "display_name": "Python 3 (grading sandbox)", "language": "python",
-                                "interrupt_mode": "message"}))
+class _Worker:
+    """What a worker process keeps between tasks: its scratch courses and its waiting kernels."""
+
+    def __init__(self):
+        # Kernels get no GPU in the sandbox, so the checks judging them here must not expect one.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        # The folders of a worker that was killed (atexit never ran) are removed by the next one here.
+        for folder in Path(tempfile.gettempdir()).glob("grading-worker-*-*"):
+            if not psutil.pid_exists(int(folder.name.split("-")[2])):
+                shutil.rmtree(folder, ignore_errors=True)
+        self.root = Path(tempfile.mkdtemp(prefix=f"grading-worker-{os.getpid()}-"))
+        self.courses: dict[str, Path] = {}
+        self.kernels: WarmKernels | None = None
+        # A worker closed by Dask exits normally: its waiting kernel and its folders go with it.
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.kernels is not None:
+            self.kernels.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def course(self, job: Job) -> Path:
+        """A scratch course whose gradebook knows ``job.chapter`` (made once per configuration and notebook)."""
+        key = hashlib.sha256((job.config + job.solution).encode()).hexdigest()[:16]
+        if key not in self.courses:
+            course = self.root / key
+            (course / "solutions" / job.chapter).mkdir(parents=True)
+            # Its gradebook is its own, wherever the course's configuration puts the course's.
+            own = f'\nc.CourseDirectory.db_url = "sqlite:///{course / "gradebook.db"}"\n'
+            (course / "nbgrader_config.py").write_text(job.config + own)
+            (course / "solutions" / job.chapter / f"{job.chapter}.ipynb").write_text(job.solution)
+            nbgrader_course.run(nbgrader_course.api(course).generate_assignment(job.chapter, force=True))
+            self.courses[key] = course
+        return self.courses[key]
+
+    def kernel(self, job: Job):
+        if self.kernels is None or (self.kernels.memory_bytes, self.kernels.sandbox) != (job.memory_bytes, job.sandbox):
+            if self.kernels is not None:
+                self.kernels.close()
+            self.kernels = WarmKernels(self.root, job.memory_bytes, job.sandbox)
+        return self.kernels.take(job.chapter)
 
 
-def _start_kernel(job: dict):
-    """The sandboxed kernel, started now; its sockets are files in the one folder it shares with the grader."""
-    from jupyter_client.manager import AsyncKernelManager
-    from jupyter_core.utils import run_sync
-
-    kernel = AsyncKernelManager(kernel_name="python3", transport="ipc", ip=str(Path(job["exchange"]) / "kernel"))
-    run_sync(kernel.start_kernel)(extra_arguments=["--HistoryManager.hist_file=:memory:"])
-    return kernel
+_worker: _Worker | None = None  # made by the first task a worker process runs
 
 
-def grade(course: Path, student: str, chapter: str, job: dict, kernel) -> dict:
+def grade(job: Job) -> dict:
+    """Autograde ``job`` with nbgrader: ``{"status": "graded", "scores", "max_scores", "messages",
+    "autograded", "feedback", ...}`` or ``{"status": "needs-attention", "reason"}``; always who and how long."""
+    global _worker
+    start = time.perf_counter()
+    _worker = _worker or _Worker()
+    course = _worker.course(job)
+    kernel = _worker.kernel(job)
+    submitted = course / "submitted" / job.student / job.chapter / f"{job.chapter}.ipynb"
+    submitted.parent.mkdir(parents=True, exist_ok=True)
+    submitted.write_text(job.notebook)
+    # The submission's time limit, kernel and all: past it the kernel is killed, which ends the grading.
+    deadline = threading.Timer(job.timeout, terminate, (kernel,))
+    deadline.start()
+    try:
+        result = _autograde(course, job, kernel)
+    finally:
+        timed_out = not deadline.is_alive()
+        deadline.cancel()
+        kill(kernel)
+        for folder in ("submitted", "autograded", "feedback"):
+            shutil.rmtree(course / folder / job.student, ignore_errors=True)
+    if timed_out and result["status"] != "graded":
+        result = {"status": "needs-attention", "reason": f"timed out after {job.timeout} s (killed)"}
+    return result | {"worker": _name(), "seconds": round(time.perf_counter() - start, 2)}
+
+
+def _autograde(course: Path, job: Job, kernel) -> dict:
     from nbgrader.converters import Autograde
     from nbgrader.preprocessors import Execute
 
-    from .. import nbgrader_course
     from .execute import GraderExecute
 
     config = nbgrader_course.config(course)
     executor = type("GraderExecuteWithKernel", (GraderExecute,), {"started": kernel})
     preprocessors = Autograde.class_traits()["autograde_preprocessors"].default()
     config.Autograde.autograde_preprocessors = [executor if p is Execute else p for p in preprocessors]
-    config.GraderExecute.timeout = job["cell_timeout"]
-    config.GraderExecute.output_chars = job["output_chars"]
-    outcome = nbgrader_course.api(course, config).autograde(chapter, student, force=True, create=True)
+    config.GraderExecute.timeout = job.cell_timeout
+    config.GraderExecute.output_chars = job.output_chars
+    api = nbgrader_course.api(course, config)
+    outcome = api.autograde(job.chapter, job.student, force=True, create=True)
     if not outcome["success"]:
         return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
-    autograded = course / "autograded" / student / chapter / f"{chapter}.ipynb"
+    autograded = course / "autograded" / job.student / job.chapter / f"{job.chapter}.ipynb"
     notebook = nbformat.read(autograded, as_version=4)
-    errors = nbgrader_course.failure_messages(notebook)
     everywhere = nbgrader_course.failure_messages(notebook, graded_only=False)
     if any(marker in error for error in everywhere for marker in MEMORY_ERRORS):
         return {"status": "needs-attention", "reason": "memory limit exceeded"}
     with nbgrader_course.gradebook(course) as book:
-        notebook = book.find_submission_notebook(chapter, chapter, student)
-        scores = {g.name: g.score for g in notebook.grades}
-        max_scores = {g.name: g.max_score for g in notebook.grades}
-    return {"status": "graded", "scores": scores, "max_scores": max_scores, "messages": errors,
-            "autograded": str(autograded)}
+        grades = book.find_submission_notebook(job.chapter, job.chapter, job.student).grades
+        scores = {g.name: g.score for g in grades}
+        max_scores = {g.name: g.max_score for g in grades}
+    nbgrader_course.run(api.generate_feedback(job.chapter, job.student, force=True))
+    feedback = course / "feedback" / job.student / job.chapter / f"{job.chapter}.html"
+    return {"status": "graded", "scores": scores, "max_scores": max_scores,
+            "messages": nbgrader_course.failure_messages(notebook), "autograded": autograded.read_text(),
+            "feedback": feedback.read_text()}
+
+
+def _name() -> str:
+    """This worker, as the class report names it: its machine and its Dask name."""
+    from distributed import get_worker
+
+    return f"{socket.gethostname()}/{get_worker().name}"
 
 
 def _failure_reason(error: str) -> str:
@@ -95,7 +165,3 @@ def _failure_reason(error: str) -> str:
         return "a cell could not be executed"
     last = [line for line in error.strip().splitlines() if line.strip()]
     return f"nbgrader could not grade it: {last[-1] if last else 'unknown error'}"
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]))
