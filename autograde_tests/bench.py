@@ -282,11 +282,12 @@ def kept_sections(path: Path) -> dict[str, list[str]]:
         return {}
     text = path.read_text()
     when = re.search(r"^Measured on (.*), on:$", text, re.MULTILINE)
+    cpu = re.search(r"^- CPU: (.*)$", text, re.MULTILINE)
     sections = {}
     for section in re.split(r"^(?=## )", text, flags=re.MULTILINE)[1:]:
         lines = section.rstrip("\n").split("\n") + [""]
         if not lines[2].startswith("_Measured") and when:  # a page written before figures carried their own date
-            lines[1:1] = ["", f"_Measured on {when.group(1)}._"]
+            lines[1:1] = ["", f"_Measured on {when.group(1)}{f', on {cpu.group(1)}' if cpu else ''}._"]
         sections[lines[0].removeprefix("## ").split(".")[0]] = lines
     return sections
 
@@ -327,13 +328,14 @@ def main(argv=None) -> None:
 
 
 def header() -> list[str]:
-    return ["Measured on this machine (each figure says when, at which commit and with how many runs):", "", *machine(), ""]
+    return ["Each figure says when, at which commit, from how many runs and on which processor it was measured. "
+            "The latest run was on:", "", *machine(), ""]
 
 
 def measured(repeats: int, smoke: bool) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     return (f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
-            f"{' (smoke run: tiny sizes)' if smoke else ''}")
+            f"{' (smoke run: tiny sizes)' if smoke else ''}, on {machine()[0].removeprefix('- CPU: ')}")
 
 
 if __name__ == "__main__":

@@ -56,6 +56,6 @@ def test_figures_measured_again_replace_only_themselves(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     sections = kept_sections(out)
     assert list(sections) == ["1", "3"]
-    assert "_Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs._" in sections["1"]
+    assert "_Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs, on some CPU._" in sections["1"]
     assert "| the floor | 4.22 s |  |  |" in sections["1"]
     assert "0.86 ms" not in "\n".join(sections["3"]) and "(smoke run: tiny sizes)" in "\n".join(sections["3"])
