@@ -86,3 +86,22 @@ def test_attention_weights_rows_sum_to_one():
     q, k, v = torch.randn(4, 7, 8), torch.randn(4, 5, 8), torch.randn(4, 5, 3)
     _, weights = scaled_dot_product_attention(q, k, v)
     assert_close(weights.sum(-1), torch.ones(4, 7))
+
+
+def test_fully_masked_queries_behave_as_the_book_says_pytorch_does():
+    """Chapters 1 and 3 say what PyTorch (the pinned version) gives a query that may attend to nothing."""
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 3, 4)
+    allowed = torch.ones(1, 1, 3, 3, dtype=torch.bool)
+    allowed[..., 1, :] = False
+    assert torch.equal(F.scaled_dot_product_attention(q, q, q, attn_mask=allowed)[..., 1, :], torch.zeros(1, 2, 4))
+    assert torch.equal(scaled_dot_product_attention(q, q, q, allowed)[0][..., 1, :], torch.zeros(1, 2, 4))
+    attention = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+    x = torch.randn(2, 3, 4)
+    blocked = torch.tensor([[False] * 3, [True] * 3])  # nn.MultiheadAttention: True = padding
+    output, _ = attention(x, x, x, key_padding_mask=blocked)  # need_weights=True, the default
+    assert output[1].isnan().all() and not output[0].isnan().any()
+    attention.eval()
+    with torch.no_grad():  # the fast inference path
+        output, _ = attention(x, x, x, key_padding_mask=blocked, need_weights=False)
+    assert output[1].isnan().all()
