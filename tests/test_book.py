@@ -64,3 +64,15 @@ def test_chapter_page_has_the_course_structure(html, chapter):
     assert "sd-dropdown" in text, f"{chapter}.html has no folded hint"
     assert re.search(r"(easy|medium|hard)\)", text), f"{chapter}.html does not state each exercise's difficulty"
     assert 'href="glossary.html#term-' in text, f"{chapter}.html links no term to the glossary"
+
+
+def test_chapter_1_cost_figure_grows_quadratically_as_its_text_says(html):
+    """The printed growth per doubling of m = n, from n = 512 on: 4x the multiply-adds, and at least 2.5x
+    the measured time (the fastest of several runs on one thread)."""
+    text = (html / "01_attention.html").read_text()
+    found = re.findall(r"m = n: (\d+) (?:-&gt;|->) (\d+) tokens: ([\d.]+)x the multiply-adds, measured ([\d.]+)x the time", text)
+    assert [int(before) for before, *_ in found] == [256, 512, 1024], found
+    for before, after, counted, measured in found:
+        assert float(counted) == 4.0
+        if int(before) >= 512:
+            assert float(measured) >= 2.5, f"the page says {before} -> {after} tokens costs {measured}x the time"
