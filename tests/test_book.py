@@ -76,3 +76,35 @@ def test_chapter_1_cost_figure_grows_quadratically_as_its_text_says(html):
         assert float(counted) == 4.0
         if int(before) >= 512:
             assert float(measured) >= 2.5, f"the page says {before} -> {after} tokens costs {measured}x the time"
+
+
+def _glossary_terms() -> list[str]:
+    block = (REPO / "book" / "glossary.md").read_text().split("```{glossary}")[1].split("```")[0]
+    return [line.strip() for line in block.splitlines() if line and not line.startswith(" ")]
+
+
+def _chapters() -> dict[str, str]:
+    return {chapter: (REPO / "book" / f"{chapter}.md").read_text() for chapter in course.chapters(REPO)}
+
+
+def test_every_glossary_term_a_chapter_uses_is_linked_from_a_chapter():
+    linked = set()
+    for text in _chapters().values():
+        for target in re.findall(r"\{term\}`([^`]+)`", text):
+            linked.add((re.search(r"<([^>]+)>", target) or re.search(r"(.+)", target)).group(1).lower())
+    unlinked = [term for term in _glossary_terms() if term.lower() not in linked
+                and any(re.search(rf"\b{re.escape(term)}", text, re.IGNORECASE) for text in _chapters().values())]
+    assert not unlinked, f"glossary terms used in a chapter but never linked with {{term}}: {unlinked}"
+
+
+# "Xiong et al. (2020)", "Ioffe and Szegedy, 2015", "Zhu et al., ByteDance, 2024": a name, then the year.
+CITATION = re.compile(r"\b([A-Z][a-zA-Z]+)(?: et al\.| and [A-Z][a-zA-Z]+)?(?:, | \()((?:19|20)\d\d)\b")
+
+
+def test_every_citation_in_a_chapter_has_a_reference_entry():
+    # the entries of the reference lists (the figure-credit table mentions works too, but is no entry)
+    references = [line for line in (REPO / "book" / "references.md").read_text().splitlines() if line.startswith("- ")]
+    missing = [f"{chapter}: {name} ({year})" for chapter, text in _chapters().items()
+               for name, year in sorted(set(CITATION.findall(text)))
+               if not any(name in line and year in line for line in references)]
+    assert not missing, f"cited but not in references.md: {missing}"
