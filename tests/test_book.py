@@ -108,3 +108,10 @@ def test_every_citation_in_a_chapter_has_a_reference_entry():
                for name, year in sorted(set(CITATION.findall(text)))
                if not any(name in line and year in line for line in references)]
     assert not missing, f"cited but not in references.md: {missing}"
+
+
+def test_chapter_2_shows_the_score_memory_growing_with_the_heads(html):
+    text = (html / "02_multi_head_attention.html").read_text()
+    found = re.search(r"weights \(MiB\): \{1: ([\d.]+), .*64: ([\d.]+)\}", text)
+    assert found, "chapter 2 does not print the size of its (B, h, m, n) weights"
+    assert float(found.group(2)) == 64 * float(found.group(1))
