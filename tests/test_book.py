@@ -115,3 +115,12 @@ def test_chapter_2_shows_the_score_memory_growing_with_the_heads(html):
     found = re.search(r"weights \(MiB\): \{1: ([\d.]+), .*64: ([\d.]+)\}", text)
     assert found, "chapter 2 does not print the size of its (B, h, m, n) weights"
     assert float(found.group(2)) == 64 * float(found.group(1))
+
+
+def test_chapter_4_accounts_for_the_difference_from_xiong_et_al(html):
+    """Pre-LN's gradients fall towards the output with inputs of norm 8 and are nearly flat with inputs
+    four times larger, as the page explains."""
+    text = (html / "04_ffn_layernorm_residual.html").read_text()
+    ratios = dict(re.findall(r"Pre-LN, inputs of norm (\d+): layer 1&#39;s gradient / layer 12&#39;s = ([\d.]+)", text)
+                  or re.findall(r"Pre-LN, inputs of norm (\d+): layer 1's gradient / layer 12's = ([\d.]+)", text))
+    assert float(ratios["8"]) > 1.5 and float(ratios["32"]) < 1.3, ratios
