@@ -8,8 +8,11 @@ under the tolerance below, and, when the numbers are wrong, name the mistake if 
 
 import contextlib
 import math
+import sys
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -132,11 +135,37 @@ ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inp
 FIXED_DEVICE_HINT = "create tensors (masks too) with device=<input>.device (or use torch.zeros_like / full_like / where)."
 
 
-def fail(name: str, problem: str, hint: str | None = None) -> None:
+class CheckFailed(AssertionError):
+    """A check's verdict. In a notebook it shows as its message and hint, after the frames of the learner's
+    own code when that code raised; never the frames of the checks, which would only bury the message
+    (IPython, and so JupyterLab, ``nbgrader validate`` and the feedback, honour ``_render_traceback_``)."""
+
+    def __init__(self, message: str, learner_frames: list[str] | None = None):
+        super().__init__(message)
+        self.learner_frames = learner_frames or []
+
+    def _render_traceback_(self) -> list[str]:
+        lines = ["Traceback of your code (most recent call last):", *self.learner_frames] if self.learner_frames else []
+        return lines + f"AssertionError: {self}".splitlines()
+
+
+# Frames in these folders are the course's or a library's, not the learner's.
+_NOT_THE_LEARNERS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, sys.base_prefix)}
+                                 | {str(Path(__file__).resolve().parents[1])}))
+
+
+def learner_frames(exc: BaseException) -> list[str]:
+    """The frames of ``exc``'s traceback that are in the learner's own code, formatted."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not str(Path(f.filename).resolve()).startswith(_NOT_THE_LEARNERS)]
+    return "".join(traceback.format_list(frames)).rstrip("\n").splitlines()
+
+
+def fail(name: str, problem: str, hint: str | None = None, frames: list[str] | None = None) -> None:
     message = f"{name}: {problem}"
     if hint:
         message += f"\nHint: {hint}"
-    raise AssertionError(message)
+    raise CheckFailed(message, frames) from None
 
 
 def call(name: str, fn: Callable, *args, **kwargs):
@@ -152,9 +181,10 @@ def learner_step(name: str, step: Callable, shown: tuple):
         fail(name, "is not written yet", "replace `raise NotImplementedError()` with your code.")
     except Exception as exc:  # the learner's code may raise anything
         shapes = ", ".join(describe(a) for a in shown)
+        frames = learner_frames(exc)
         if "same device" in str(exc) or "expected device" in str(exc):
-            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT)
-        fail(name, f"raised {exception_name(exc)}: {exc}\n  when called with ({shapes})")
+            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT, frames)
+        fail(name, f"raised {exception_name(exc)}: {exc}\n  when called with ({shapes})", frames=frames)
 
 
 def exception_name(exc: BaseException) -> str:
