@@ -87,5 +87,34 @@ def test_index_redirects_to_the_introduction(site):
     assert not [p for p in problems if p != KNOWN_THEME_NOISE], problems
 
 
+# Draws a few of the glossary's Chinese characters, and a code point no font has, in the page's own font:
+# a character without a glyph is drawn as that same "tofu" box.
+CJK_GLYPHS = """() => {
+  const entry = [...document.querySelectorAll("dd")].find(d => /[\\u4e00-\\u9fff]/.test(d.textContent));
+  const chars = [...new Set(entry.textContent.match(/[\\u4e00-\\u9fff]/g))].slice(0, 6);
+  const canvas = document.createElement("canvas");
+  canvas.width = canvas.height = 64;
+  const context = canvas.getContext("2d");
+  const draw = c => {
+    context.clearRect(0, 0, 64, 64);
+    context.font = "40px " + getComputedStyle(entry).fontFamily;
+    context.fillText(c, 4, 48);
+    return Array.from(context.getImageData(0, 0, 64, 64).data).join(",");
+  };
+  const tofu = draw("\\u{10FFFD}");
+  return {chars: chars.join(""), boxes: chars.filter(c => draw(c) === tofu).join("")};
+}"""
+
+
+def test_the_glossary_chinese_renders_with_real_glyphs(site):
+    base, chromium = site
+    page, _ = open_page(chromium, urljoin(base, "glossary.html"))
+    drawn = page.evaluate(CJK_GLYPHS)
+    page.close()
+    assert len(drawn["chars"]) >= 4, drawn
+    assert not drawn["boxes"], (f"the glossary's Chinese shows as empty boxes ({drawn['boxes']}): this machine has no "
+                                "CJK font (Debian: apt-get install fonts-wqy-microhei; .ci/run installs it)")
+
+
 def test_every_chapter_page_was_loaded():
     assert {f"{chapter}.html" for chapter in course.chapters(REPO)} <= set(PAGES)
