@@ -123,3 +123,11 @@ def test_instructor_table_of_contents_lists_every_chapter_and_its_solution():
     toc = (REPO / "book" / "_toc_instructor.yml").read_text()
     for chapter in course.chapters(REPO):
         assert f"file: {chapter}\n" in toc and f"file: solutions/{chapter}/{chapter}\n" in toc
+
+
+def test_grading_material_is_in_the_instructor_edition_only():
+    learner_toc = (REPO / "book" / "_toc.yml").read_text()
+    assert "instructor_guide" not in learner_toc
+    assert "- file: instructor_guide" in (REPO / "book" / "_toc_instructor.yml").read_text()
+    assert (INSTRUCTOR / "instructor_guide.html").is_file()
+    assert "instructor_guide.html" not in (LEARNER / "intro.html").read_text()
