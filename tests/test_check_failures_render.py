@@ -1,9 +1,18 @@
-"""A failed check in a notebook shows its message and hint, not the frames of the course's checking code;
-when the learner's own code raised, its frames (and only those) come first."""
+"""A failed check in a notebook (JupyterLab's kernel, `nbgrader validate`) shows its message and hint, not
+the frames of the course's checking code; when the learner's own code raised, its frames (and only those)
+come first."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
+
+from .adversarial import CHAPTER, wrong
+
+REPO = Path(__file__).resolve().parents[1]
 
 WRONG = "def softmax(x, dim=-1):\n    e = x.exp()\n    return e / e.sum(dim=0, keepdim=True)\n\ncheck_softmax(softmax)"
 UNWRITTEN = "def softmax(x, dim=-1):\n    raise NotImplementedError()\n\ncheck_softmax(softmax)"
@@ -48,3 +57,12 @@ def test_an_error_in_the_learners_code_keeps_the_learners_frames_only(tracebacks
     assert "flatten_rows" in shown and "x.view(-1, 7)" in shown
     assert "torch/" not in shown and "site-packages" not in shown
     assert "AssertionError: softmax: raised RuntimeError" in shown
+
+
+def test_nbgrader_validate_shows_the_message_without_the_checks_frames(tmp_path):
+    notebook = wrong(nbformat.read(REPO / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4))
+    path = tmp_path / f"{CHAPTER}.ipynb"
+    nbformat.write(notebook, path)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert "AssertionError: softmax: normalises over dim 0" in run.stdout and "Hint: " in run.stdout, run.stdout
+    assert "harness.py" not in run.stdout and "checks/attention.py" not in run.stdout, run.stdout

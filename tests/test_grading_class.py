@@ -134,6 +134,7 @@ def test_feedback_shows_messages_but_not_hidden_tests(graded):
     # the hidden tests' code (the intro's prose may mention `hidden=True`, the calls must not appear)
     assert "softmax, hidden=True)" not in html and "attention, hidden=True)" not in html
     assert "BEGIN HIDDEN TESTS" not in html
+    assert "harness.py" not in html  # the checks' frames are never shown
 
 
 def test_class_report_has_plots_failure_rates_and_mistakes(graded):

@@ -5,6 +5,7 @@ left running; what the kernel can see and reach."""
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -47,15 +48,29 @@ def client():
         yield connected
 
 
-def run_one(template: Path, client, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> dict:
-    """Grade ``notebook`` as the batch would, on the worker; then no kernel of it may be left running."""
+def make_job(template: Path, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> Job:
+    """The task the batch would send for ``notebook``: data only, read from the course ``template``."""
     config = config or (template / "nbgrader_config.py").read_text()
-    job = Job("mallory", CHAPTER, nbformat.writes(notebook), config,
-              (template / "solutions" / CHAPTER / f"{CHAPTER}.ipynb").read_text(),
-              timeout, cell_timeout, 3 * 2**30, 100_000, sandbox=True)
+    return Job("mallory", CHAPTER, nbformat.writes(notebook), config,
+               (template / "solutions" / CHAPTER / f"{CHAPTER}.ipynb").read_text(),
+               timeout, cell_timeout, 3 * 2**30, 100_000, sandbox=True)
+
+
+def grade_on(client, job: Job) -> dict:
+    """Grade ``job`` on the worker; then no kernel of it may be left running."""
     result = client.submit(grade, job, pure=False).result()
     assert orphaned_kernels() == []
     return result
+
+
+def run_one(template: Path, client, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> dict:
+    return grade_on(client, make_job(template, notebook, timeout, cell_timeout, config))
+
+
+def printed(result: dict) -> str:
+    """Everything the graded notebook's cells printed."""
+    cells = nbformat.reads(result["autograded"], as_version=4).cells
+    return "".join(o.get("text", "") for c in cells for o in c.get("outputs", []))
 
 
 def orphaned_kernels() -> list[str]:
@@ -105,6 +120,26 @@ def test_the_worker_keeps_its_own_gradebook_whatever_the_course_configures(templ
     assert not elsewhere.exists()
 
 
+def test_the_worker_needs_no_course_folder(template, client, tmp_path):
+    course = Path(shutil.copytree(template, tmp_path / "course"))
+    job = make_job(course, solved(release(template)), timeout=120)
+    shutil.rmtree(course)
+    result = grade_on(client, job)
+    assert result["status"] == "graded" and sum(result["scores"].values()) == 6
+
+
+LEAVES_SOMETHING = "import builtins\nbuiltins.LEFT_BEHIND = True\nopen('/tmp/left_behind', 'w').write('x')"
+LOOKS_FOR_IT = ("import builtins, os\n"
+                "print('FOUND' if hasattr(builtins, 'LEFT_BEHIND') or os.path.exists('/tmp/left_behind') else 'CLEAN')")
+
+
+def test_a_kernel_is_never_reused(template, client):
+    """What one submission leaves in its kernel (a global, a file in its /tmp) is not there for the next."""
+    assert run_one(template, client, with_extra_cell(LEAVES_SOMETHING)(release(template)), timeout=120)["status"] == "graded"
+    result = run_one(template, client, with_extra_cell(LOOKS_FOR_IT)(release(template)), timeout=120)
+    assert "CLEAN" in printed(result) and "FOUND" not in printed(result)
+
+
 def test_a_worker_shut_down_leaves_no_kernel_behind(template):
     """The kernel a worker started ahead dies with it, and its folders go; a killed worker's folders,
     which it could not remove, go when the next worker starts."""
@@ -128,6 +163,7 @@ LOOK_AROUND = '''
 import json, os, socket, sys
 seen = {"uid": os.getuid(), "root": sorted(os.listdir("/")), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
 seen["course_visible"] = os.path.exists(COURSE)
+seen["preloaded"] = "autograde_tests.remote.agent" in sys.modules  # before any check has asked for it
 package = os.path.dirname(__import__("autograde_tests").__file__)
 seen["package"] = sorted(os.listdir(package))
 seen["reference_cache"] = os.listdir(os.path.join(package, "reference", "__pycache__")) if os.path.isdir(os.path.join(package, "reference", "__pycache__")) else []
@@ -161,9 +197,9 @@ def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(templ
     result = run_one(template, client, with_extra_cell(source)(release(template)), timeout=120)
     listener.close()
     assert result["status"] == "graded"
-    outputs = [o.get("text", "") for c in nbformat.reads(result["autograded"], as_version=4).cells for o in c.get("outputs", [])]
-    seen = json.loads(next(t for t in outputs if t.startswith("SEEN")).removeprefix("SEEN"))
+    seen = json.loads(next(line for line in printed(result).splitlines() if line.startswith("SEEN")).removeprefix("SEEN"))
     assert seen["uid"] == 65534
+    assert seen["preloaded"] is True  # the kernel was started ahead with the grader's client loaded
     assert max(seen["pids"]) < 20  # its own PID namespace
     assert seen["course_visible"] is False and "solutions" not in seen["root"]
     assert "not available while it is graded" in seen["graded_reference"]

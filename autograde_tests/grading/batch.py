@@ -104,9 +104,9 @@ def grade_class(settings: Settings) -> list[Outcome]:
             # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any
             # other batch's on a shared scheduler (Dask would hand both the same result).
             running = {client.submit(worker.grade, job, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
-                       (pair, job, outcome) for pair, job, outcome in tasks}
+                       (pair, outcome) for pair, job, outcome in tasks}
             for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
-                pair, job, outcome = running[done]
+                pair, outcome = running[done]
                 outcomes.append(_merge(course, pair, outcome, _result(done)))
                 state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
                 _save_state(work, state)
