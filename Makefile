@@ -29,9 +29,11 @@ book-instructor: venv
 test: book book-instructor
 	$(BIN)/python -m pytest
 
-## Write the solutions' answers from the reference, then regenerate notebooks/ (the learners' release) with nbgrader.
+## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
+## notebooks/ (the learners' release) with nbgrader.
 release: venv
 	$(BIN)/python -m autograde_tests.solution_regions
+	$(BIN)/python -m autograde_tests.notebook_form
 	for a in $(CHAPTERS); do $(BIN)/nbgrader generate_assignment "$$a" --force || exit 1; done
 
 ## Grade a class: submitted/<student>/<chapter>/ -> gradebook, autograded/, feedback/, grades.csv, reports/.

@@ -8,6 +8,7 @@ Run it from the repository's root (``make train`` runs both placements and write
     python -m autograde_tests.training                       # Post-LN, about three minutes on one CPU core
     python -m autograde_tests.training --norm-first          # the same model with Pre-LN
     python -m autograde_tests.training --steps 300 --out /tmp/run.json
+    python -m autograde_tests.training --schedule paper --label-smoothing 0.1 --dropout 0.1   # the paper's recipe
 
 Seeded and reproducible on one machine; it runs on a GPU unchanged when PyTorch sees one.
 """
@@ -43,8 +44,10 @@ class Config:
     norm_first: bool = False  # False: Post-LN (the paper); True: Pre-LN
     batch_size: int = 64
     steps: int = 1600
-    lr: float = 1e-3
-    warmup: int = 200  # linear warm-up, then cosine decay to zero: Post-LN needs the warm-up
+    lr: float = 1e-3  # the peak learning rate of the cosine schedule (the paper's schedule sets its own)
+    warmup: int = 200  # warm-up steps of either schedule: Post-LN needs the warm-up
+    schedule: str = "cosine"  # or "paper": warm-up, then decay with the inverse square root of the step
+    label_smoothing: float = 0.0  # the paper trains with 0.1
     eval_size: int = 1000  # held-out sequences, never trained on
     eval_every: int = 100
     seed: int = 0
@@ -169,11 +172,36 @@ def pick_device(name: str) -> torch.device:
 
 
 def learning_rate(config: Config, step: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then a cosine decay to zero at the last step."""
+    """The learning rate at ``step`` (counted from 0).
+
+    ``"cosine"``: linear warm-up over ``warmup`` steps to ``lr``, then a cosine decay to zero at the last step.
+    ``"paper"`` (Vaswani et al., 2017, eq. 3): ``d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)`` with
+    ``s = step + 1``: linear warm-up, a peak of ``(d_model * warmup)**-0.5``, then 1/sqrt(s) decay.
+    """
+    if config.schedule == "paper":
+        s = step + 1
+        return config.d_model**-0.5 * min(s**-0.5, s * config.warmup**-1.5)
     if step < config.warmup:
         return config.lr * (step + 1) / config.warmup
     progress = (step - config.warmup) / max(1, config.steps - config.warmup)
     return config.lr * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def smoothed_loss(model: Transformer, src, tgt, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training objective and the plain teacher-forcing cross-entropy the record keeps.
+
+    With label smoothing eps the labels become ``1 - eps`` on the true token and ``eps / V`` spread over the
+    vocabulary: the objective can no longer reach zero, so the runs are compared on the plain loss.
+    """
+    if label_smoothing == 0:
+        loss = teacher_forcing_loss(model, src, tgt, PAD)
+        return loss, loss
+    logits = model(src, tgt[:, :-1]).flatten(0, 1)  # (B * (T - 1), V)
+    labels = tgt[:, 1:].flatten()  # (B * (T - 1),)
+    objective = nn.functional.cross_entropy(logits, labels, ignore_index=PAD, label_smoothing=label_smoothing)
+    with torch.no_grad():
+        loss = nn.functional.cross_entropy(logits, labels, ignore_index=PAD)
+    return objective, loss
 
 
 def train(config: Config, progress: bool = True) -> dict:
@@ -193,9 +221,9 @@ def train(config: Config, progress: bool = True) -> dict:
     for step in range(config.steps):
         model.train()
         src, tgt = (t.to(device) for t in next(batches))
-        loss = teacher_forcing_loss(model, src, tgt, PAD)
+        objective, loss = smoothed_loss(model, src, tgt, config.label_smoothing)
         optimiser.zero_grad()
-        loss.backward()
+        objective.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(config, step)
@@ -253,7 +281,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the paper's Post-LN")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate of the cosine schedule")
+    parser.add_argument("--warmup", type=int, default=defaults.warmup, help="warm-up steps (either schedule)")
+    parser.add_argument(
+        "--schedule", choices=["cosine", "paper"], default=defaults.schedule,
+        help="cosine decay after the warm-up (default), or the paper's inverse square root",
+    )
+    parser.add_argument("--label-smoothing", type=float, default=defaults.label_smoothing, help="the paper uses 0.1")
+    parser.add_argument("--dropout", type=float, default=defaults.dropout, help="the paper uses 0.1")
     parser.add_argument("--eval-size", type=int, default=defaults.eval_size)
     parser.add_argument("--eval-every", type=int, default=defaults.eval_every)
     parser.add_argument("--seed", type=int, default=defaults.seed)
@@ -268,6 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     config = Config(
         task=args.task, norm_first=args.norm_first, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        warmup=args.warmup, schedule=args.schedule, label_smoothing=args.label_smoothing, dropout=args.dropout,
         eval_size=args.eval_size, eval_every=args.eval_every, seed=args.seed, device=args.device,
     )
     result = train(config, progress=not args.quiet)

@@ -388,7 +388,7 @@ def test_unrecognised_wrong_mha_shows_the_largest_error_and_where():
             output, weights = super().forward(x, y, mask)
             return output + 0.01, weights
 
-    with pytest.raises(AssertionError, match=r"output differs from the reference: largest error 0.01 at index \("):
+    with pytest.raises(AssertionError, match=r"the output and the reference differ: largest error 0.01 at index \("):
         check_multi_head_attention(OffByABit)
 
 
@@ -401,5 +401,5 @@ def test_mha_check_also_holds_the_learner_to_nn_multihead_attention(monkeypatch)
         return module
 
     monkeypatch.setattr(ReferenceMHA, "from_torch", classmethod(drifted_from_torch))
-    with pytest.raises(AssertionError, match=r"differs from nn.MultiheadAttention with the same weights"):
+    with pytest.raises(AssertionError, match=r"the output and nn.MultiheadAttention with the same weights differ"):
         check_multi_head_attention(TextbookMHA)

@@ -252,7 +252,8 @@ def close(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype |
 
 def fail_difference(name: str, what: str, actual: torch.Tensor, expected: torch.Tensor,
                     against: str = "the reference") -> None:
-    """Fail: ``what`` differs from ``against``, with the largest error. A float64 result that is right to
+    """Fail: ``what`` and ``against`` differ (a compound subject, so the verb agrees whether ``what`` is
+    "the output" or "the weights"), with the largest error. A float64 result that is right to
     float32 precision only is a precision mistake, and the message says so (its numbers look the same)."""
     if actual.dtype == torch.float64 and close(actual, expected, precision=torch.float32):
         fail(
@@ -262,7 +263,7 @@ def fail_difference(name: str, what: str, actual: torch.Tensor, expected: torch.
             "compute in the dtype you return: a float32 step (a tensor made with the default dtype, .float(), "
             "a float32 buffer) loses what float64 keeps.",
         )
-    fail(name, f"{what} differs from {against}: {largest_error(actual, expected)}")
+    fail(name, f"{what} and {against} differ: {largest_error(actual, expected)}")
 
 
 def largest_error(actual: torch.Tensor, expected: torch.Tensor, digits: int = 6) -> str:
