@@ -97,7 +97,7 @@ def test_gpt_cached_logits_match_llama_with_its_cache(llama_in_float64):
         assert_close(logits, theirs.logits)
         past = theirs.past_key_values
         for t in range(6, 10):
-            theirs = model(idx[:, t:t + 1], past_key_values=past, use_cache=True)
+            theirs = model(idx[:, t:t + 1], cache=past, use_cache=True)
             past = theirs.past_key_values
             logits, cache = ours(idx[:, t:t + 1], cache)
             assert_close(logits, theirs.logits)

@@ -139,3 +139,23 @@ def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
         for hook in hooks:
             hook.remove()
     return {"unused": [key for key, _ in convolutions if key not in called], "linear": linear.count}
+
+
+class _MultinomialInputs(TorchFunctionMode):
+    """Records the probabilities every torch.multinomial call draws from."""
+
+    def __init__(self):
+        super().__init__()
+        self.probs: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "multinomial" and args and isinstance(args[0], torch.Tensor):
+            self.probs.append(args[0].detach().clone())
+        return func(*args, **(kwargs or {}))
+
+
+def sampled(generate, *args, **kwargs) -> dict:
+    """Run ``generate(*args, **kwargs)``: the tokens, and the probabilities each multinomial draw used."""
+    with _MultinomialInputs() as spy:
+        tokens = generate(*args, **kwargs)
+    return {"tokens": tokens, "probs": spy.probs}
