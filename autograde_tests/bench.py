@@ -252,7 +252,7 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
     for n in lengths:
         cached, uncached = (median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
                             for c in (True, False))
-        found.append({"tokens": n, "cached": n / cached, "uncached": n / uncached})
+        found.append({"tokens": n, "cached": round(n / cached, 1), "uncached": round(n / uncached, 1)})
         rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
                         f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
                         f"{uncached / cached:.1f}×"))

@@ -43,8 +43,8 @@ def test_a_batch_is_windows_of_the_text_one_character_longer_than_the_block():
 
 
 def test_a_few_training_steps_make_the_loss_fall():
-    result = lm_training.train(Config(steps=40, eval_every=40, warmup=5, **TINY), progress=False)
-    assert len(result["loss"]) == 4 and result["loss"][-1] < 0.9 * result["loss"][0]
+    result = lm_training.train(Config(steps=60, eval_every=60, warmup=5, lr=1e-2, **TINY), progress=False)
+    assert len(result["loss"]) == 6 and result["loss"][-1] < 0.8 * result["loss"][0]
 
 
 def test_a_seeded_run_is_reproducible():
