@@ -5,7 +5,7 @@ the provenance): the first 90% trains, the last 10% (the end of A Midsummer Nigh
 
 Run it from the repository's root (``make train`` writes the book's cached run):
 
-    python -m autograde_tests.lm_training                        # about four minutes on one CPU core
+    python -m autograde_tests.lm_training                        # a few minutes on one CPU core
     python -m autograde_tests.lm_training --steps 200 --out /tmp/run.json
 
 Seeded and reproducible on one machine; it runs on a GPU unchanged when PyTorch sees one.
