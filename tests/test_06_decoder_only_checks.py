@@ -63,6 +63,11 @@ class RMSNormUnscaled(R.RMSNorm):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
+class RMSNormDetached(R.RMSNorm):
+    def forward(self, x):
+        return x / torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
 @pytest.mark.parametrize("RMSNorm", [R.RMSNorm, RMSNormFunctional, RMSNormRsqrt])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
@@ -74,6 +79,7 @@ def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
     (RMSNormCentred, "RMSNorm subtracts the mean"),
     (RMSNormEpsOutside, "eps is added outside the square root"),
     (RMSNormUnscaled, "not scaled by the learnable weight"),
+    (RMSNormDetached, "the gradient with respect to `x` differs from the reference"),
 ])
 def test_rms_norm_check_names_the_mistake(RMSNorm, message):
     with pytest.raises(AssertionError, match=message):

@@ -123,12 +123,36 @@ def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
         if not close(out.detach(), expected):
             name_the_mistake(name, "the output", out.detach(), expected, candidates(NORM_MISTAKES, x64, reference))
 
-    def on_meta() -> None:
+    def gradients_and_devices() -> None:
+        for device, dtype in grid():
+            _expect_norm_gradients(name, RMSNorm, cases[0], seed, device, dtype)
         module = construct(name, RMSNorm, cases[0].shape[-1], eps=cases[0].eps).double()
         expect_device_agnostic(name, copy.deepcopy(module).to("meta"), (Inputs(seed).randn(*cases[0].shape),))
 
     with strict_numerics(), one_thread():
-        run_cases(name, cases, check_case, after=on_meta)
+        run_cases(name, cases, check_case, after=gradients_and_devices)
+
+
+def _expect_norm_gradients(name, RMSNorm, case: NormCase, seed: int, device, dtype) -> None:
+    """Backpropagate a random upstream gradient through the learner's and the reference RMSNorm."""
+    reference = _reference_norm(case, seed)
+    x64, upstream = Inputs(seed).randn(*case.shape) * case.scale, Inputs(seed + 700).randn(*case.shape)
+    x_ref = x64.clone().requires_grad_()
+    (reference(x_ref) * upstream).sum().backward()
+    module = construct(name, RMSNorm, case.shape[-1], eps=case.eps).to(torch.float64)
+    copy_weights(name, module, reference, NORM_HINT)
+    module = module.to(device=device, dtype=dtype)
+    x, up = x64.to(device=device, dtype=dtype), upstream.to(device=device, dtype=dtype)
+    actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, up, ["weight"]), (x,))
+    if "error" in actual:
+        fail(name, f"the output is not connected to the autograd graph ({actual['error']})",
+             "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.")
+    for what, expected in (("x", x_ref.grad), ("weight", reference.weight.grad)):
+        grad = actual.get(what)
+        if not isinstance(grad, torch.Tensor) or not close(grad, expected):
+            fail(name, f"the gradient with respect to `{what}` differs from the reference although the output is "
+                 "right: part of your computation is cut from the graph",
+                 "compute the root mean square from x itself, without .detach(), .data, .item() or torch.no_grad().")
 
 
 # ------------------------------------------------------------------------------- apply_rotary
