@@ -327,6 +327,11 @@ class GPTScaledEmbedding(GPTBase):
         return self.embed(idx) * math.sqrt(self.embed.embedding_dim)
 
 
+class GPTDetachedEmbedding(GPTBase):
+    def embedding(self, idx):
+        return self.embed(idx).detach()
+
+
 @pytest.mark.parametrize("GPT", [R.GPT, GPTBase, GPTTupleCache])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
@@ -338,6 +343,7 @@ def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
     (GPTPositionsFromZero, "positions restarting at 0 for cached tokens"),
     (GPTNoFinalNorm, "no final norm"),
     (GPTScaledEmbedding, r"embeddings are scaled by sqrt\(d_model\)"),
+    (GPTDetachedEmbedding, "no gradient reaches the parameter embed.weight"),
 ])
 def test_gpt_check_names_the_mistake(GPT, message):
     with pytest.raises(AssertionError, match=message):

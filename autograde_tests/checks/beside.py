@@ -76,6 +76,19 @@ def gradients(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, parame
     return {"x": x.grad} | {name: getattr(module, name).grad for name in parameters}
 
 
+def parameter_gradients(module: nn.Module, args: tuple, upstream: torch.Tensor) -> dict:
+    """Backpropagate ``upstream`` through the first output of ``module(*args)``: each parameter's gradient
+    (None for a parameter that got none), or ``{"error": ...}`` when backward cannot run."""
+    module.zero_grad(set_to_none=True)
+    out = module(*args)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    try:
+        (out * upstream).sum().backward()
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"gradients": {key: p.grad for key, p in module.named_parameters()}}
+
+
 class CountedSublayer:
     """A sublayer the learner did not write, counting its calls."""
 

@@ -521,6 +521,7 @@ def check_gpt(GPT, hidden: bool = False) -> None:
                 count += 1
             with torch.no_grad():
                 _expect_properties(name, learner64, idx64, case)
+            _expect_gradients(name, learner64, reference, idx64, seed + i)
         case = cases[0]
         model = construct(name, GPT, case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff).double()
         idx = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed).generator)
@@ -566,6 +567,24 @@ def _expect_properties(name, model, idx, case: ModelCase) -> None:
              "than running the whole sequence at once",
              "with your own DecoderBlocks: rotate the new tokens at their true positions, append the cache along "
              "time (dim 2), and let each new token see every cached one.")
+
+
+def _expect_gradients(name, model, reference, idx, seed: int) -> None:
+    """With the learner's own blocks and the reference's weights: every parameter gets the reference's gradient."""
+    upstream = Inputs(seed + 900).randn(*idx.shape, reference.head.out_features)
+    expected = beside.parameter_gradients(reference, (idx,), upstream)["gradients"]
+    actual = learner_step(name, lambda: run_beside(beside.parameter_gradients, model, (idx,), upstream), (idx,))
+    if "error" in actual:
+        fail(name, f"the logits are not connected to the autograd graph ({actual['error']})",
+             "do not use torch.no_grad(), .detach(), .data or .item() inside forward.")
+    for key, want in expected.items():
+        got = actual["gradients"].get(key)
+        if not isinstance(got, torch.Tensor):
+            fail(name, f"no gradient reaches the parameter {key}: forward does not use it, or cuts it from the graph",
+                 "every submodule the notebook names must take part in forward, with nothing detached.")
+        if not close(got, want):
+            fail(name, f"the gradient of {key} differs from the reference although the logits are right: part of "
+                 f"the computation is cut from the graph", "look for .detach(), .data or torch.no_grad() in forward.")
 
 
 # ------------------------------------------------------------------------------- lm_loss
