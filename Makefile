@@ -43,15 +43,19 @@ grade: venv
 
 ## Measure the course's speed against PyTorch and the floor; writes book/benchmarks_measured.md (the appendix page includes it).
 ## Figures 1-5 take about 1.5 hours on 2 cores; ARGS="--no-builds" skips figure 5 (make book, make test).
+## Figure 6 (generation with and without the KV cache) also writes book/_static/06_decoder_only/generation_speed.json;
+## ARGS="--figures 6" measures it alone (under a minute).
 bench: venv
 	$(BIN)/python -m autograde_tests.bench $(ARGS)
 
-## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN (a few minutes on a CPU); writes the
-## cached runs the book plots, book/_static/05_transformer/*.json (then `make clean book` redraws the page:
-## the execution cache notices changed code, not changed data).
+## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN, then chapter 6's language model on
+## Shakespeare (a few minutes each on a CPU); writes the cached runs the books plot, book/_static/05_transformer/*.json
+## and book/_static/06_decoder_only/shakespeare.json (then `make clean book` redraws the pages: the execution
+## cache notices changed code, not changed data).
 train: venv
 	$(BIN)/python -m autograde_tests.training --out book/_static/05_transformer/post_ln.json
 	$(BIN)/python -m autograde_tests.training --norm-first --out book/_static/05_transformer/pre_ln.json
+	$(BIN)/python -m autograde_tests.lm_training --out book/_static/06_decoder_only/shakespeare.json
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv

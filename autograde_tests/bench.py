@@ -231,6 +231,39 @@ def training(repeats: int, steps: int | None) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------------ 6. generating with the KV cache
+
+
+def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Row]:
+    """Chapter 6's model (the book's size, random weights: speed does not depend on them) generating
+    ``lengths`` tokens after an 8-token prompt, greedy, one sequence, with and without the KV cache. The
+    numbers also go to ``speeds`` (JSON) for the chapter's figure."""
+    import json
+
+    from . import lm_training
+    from .reference.decoder_only import GPT, generate
+
+    config, threads = lm_training.Config(), torch.get_num_threads()
+    torch.set_num_threads(1)  # as the training command does by default
+    torch.manual_seed(0)
+    model = GPT(96, config.d_model, config.n_heads, config.n_layers, config.d_ff).eval()
+    prompt = torch.randint(96, (1, 8))
+    rows, found = [], []
+    for n in lengths:
+        cached, uncached = (median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
+                            for c in (True, False))
+        found.append({"tokens": n, "cached": round(n / cached, 1), "uncached": round(n / uncached, 1)})
+        rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
+                        f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
+                        f"{uncached / cached:.1f}×"))
+    torch.set_num_threads(threads)
+    if speeds is not None:
+        speeds.parent.mkdir(parents=True, exist_ok=True)
+        speeds.write_text(json.dumps({"machine": machine()[0].removeprefix("- CPU: "), "repeats": repeats,
+                                      "runs": found}, indent=1) + "\n")
+    return rows
+
+
 # -------------------------------------------------------------------------------- 5. builds, tests
 
 
@@ -296,7 +329,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
-    parser.add_argument("--figures", nargs="+", choices=["1", "2", "3", "4", "5"], default=["1", "2", "3", "4", "5"],
+    parser.add_argument("--figures", nargs="+", choices=["1", "2", "3", "4", "5", "6"],
+                        default=["1", "2", "3", "4", "5", "6"],
                         help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
@@ -314,6 +348,9 @@ def main(argv=None) -> None:
             repeats, *((2, 16, 64, [64, 128]) if args.smoke else (8, 128, 512, [128, 256, 512, 1024, 2048])))),
         "4": ("Training the chapter-5 Transformer", lambda: training(repeats, 10 if args.smoke else None)),
         "5": ("Building and testing the course", lambda: builds(repeats, args.smoke)),
+        "6": ("Generating with and without the KV cache", lambda: generation(
+            repeats, [16, 32] if args.smoke else [64, 128, 256],
+            None if args.smoke else args.out.parent / "_static" / "06_decoder_only" / "generation_speed.json")),
     }
     chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
     sections = kept_sections(args.out)

@@ -21,6 +21,7 @@ TYPICAL_MISTAKES = {
     "03_attention_variants": ("CausalSelfAttention", ", device=x.device", ""),
     "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
     "05_transformer": ("transformer", " * math.sqrt(self.d_model)", ""),
+    "06_decoder_only": ("generate", "probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=0)"),
 }
 
 

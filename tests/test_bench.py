@@ -13,7 +13,7 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
-                   "5. Building and testing"):
+                   "5. Building and testing", "6. Generating with and without the KV cache"):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
 

@@ -10,19 +10,25 @@ import torch
 
 import autograde_tests.reference as R
 from autograde_tests.checks import (  # noqa: F401  (looked up by name, so the learner_side fixture can wrap them)
+    check_apply_rotary,
     check_causal_mask,
     check_causal_self_attention,
     check_cross_attention,
+    check_decoder_block,
     check_decoder_layer,
     check_encoder_layer,
     check_ffn_as_conv1d,
+    check_generate,
+    check_gpt,
     check_greedy_decode,
     check_layer_norm,
+    check_lm_loss,
     check_merge_heads,
     check_multi_head_attention,
     check_padding_mask,
     check_positional_encoding,
     check_positionwise_feed_forward,
+    check_rms_norm,
     check_scaled_dot_product_attention,
     check_self_attention,
     check_softmax,
@@ -79,6 +85,12 @@ def another_last_token(*args, **kwargs):
     return out
 
 
+def another_last_sample(model, idx, *args, **kwargs):
+    out = R.generate(model, idx, *args, **kwargs).clone()
+    out[:, -1] = (out[:, -1] + 1) % 9  # every sampling case has a vocabulary of at least 9
+    return out
+
+
 WRONG = {
     "check_softmax": wrong_function(R.softmax),
     "check_scaled_dot_product_attention": wrong_function(R.scaled_dot_product_attention),
@@ -100,6 +112,12 @@ WRONG = {
     "check_transformer": wrong_module(R.Transformer),
     "check_teacher_forcing_loss": wrong_function(R.teacher_forcing_loss),
     "check_greedy_decode": another_last_token,
+    "check_rms_norm": wrong_module(R.RMSNorm),
+    "check_apply_rotary": wrong_function(R.apply_rotary),
+    "check_decoder_block": wrong_module(R.DecoderBlock),
+    "check_gpt": wrong_module(R.GPT),
+    "check_lm_loss": wrong_function(R.lm_loss),
+    "check_generate": another_last_sample,
 }
 
 

@@ -17,5 +17,7 @@ CHAPTER_CHECKS = {
                                "check_sublayer_connection"],
     "transformer": ["check_positional_encoding", "check_encoder_layer", "check_decoder_layer", "check_transformer",
                     "check_teacher_forcing_loss", "check_greedy_decode"],
+    "decoder_only": ["check_rms_norm", "check_apply_rotary", "check_decoder_block", "check_gpt", "check_lm_loss",
+                     "check_generate"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_CHECKS)

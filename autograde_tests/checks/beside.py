@@ -76,6 +76,19 @@ def gradients(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor, parame
     return {"x": x.grad} | {name: getattr(module, name).grad for name in parameters}
 
 
+def parameter_gradients(module: nn.Module, args: tuple, upstream: torch.Tensor) -> dict:
+    """Backpropagate ``upstream`` through the first output of ``module(*args)``: each parameter's gradient
+    (None for a parameter that got none), or ``{"error": ...}`` when backward cannot run."""
+    module.zero_grad(set_to_none=True)
+    out = module(*args)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    try:
+        (out * upstream).sum().backward()
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"gradients": {key: p.grad for key, p in module.named_parameters()}}
+
+
 class CountedSublayer:
     """A sublayer the learner did not write, counting its calls."""
 
@@ -139,3 +152,23 @@ def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
         for hook in hooks:
             hook.remove()
     return {"unused": [key for key, _ in convolutions if key not in called], "linear": linear.count}
+
+
+class _MultinomialInputs(TorchFunctionMode):
+    """Records the probabilities every torch.multinomial call draws from."""
+
+    def __init__(self):
+        super().__init__()
+        self.probs: list[torch.Tensor] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "multinomial" and args and isinstance(args[0], torch.Tensor):
+            self.probs.append(args[0].detach().clone())
+        return func(*args, **(kwargs or {}))
+
+
+def sampled(generate, *args, **kwargs) -> dict:
+    """Run ``generate(*args, **kwargs)``: the tokens, and the probabilities each multinomial draw used."""
+    with _MultinomialInputs() as spy:
+        tokens = generate(*args, **kwargs)
+    return {"tokens": tokens, "probs": spy.probs}

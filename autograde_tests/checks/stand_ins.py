@@ -1,11 +1,12 @@
-"""Chapter 5's stand-ins: small models the checks hand to the learner's code, and the "can it learn" run.
+"""Chapters 5 and 6's stand-ins: small models the checks hand to the learner's code, and the "can it learn" run.
 
 Grading ``Transformer`` alone means running it with layers that are not the learner's; grading
 ``teacher_forcing_loss`` and ``greedy_decode`` means handing them a model. In a graded run these live in
 the learner's kernel, which lacks chapter 5's reference, so they are built here from PyTorch alone and
 are deliberately not Transformers: each layer mixes positions by a plain average over the keys it may
 see, which makes it use every mask the way attention would, and nothing more. The checks compute the
-expected numbers with the very same stand-ins.
+expected numbers with the very same stand-ins. Chapter 6's (``StandInBlock``, ``StandInLM``) do the same
+for a decoder-only model: a block that takes positions and a cache as a DecoderBlock does.
 """
 
 import math
@@ -117,3 +118,69 @@ def train_on_batch(model: nn.Module, src, decoder_input, labels, pad: int, steps
                 break
         optimiser.step()
     return {"losses": losses, "unused": unused}
+
+
+class StandInBlock(nn.Module):
+    """``block(x, positions, cache=None) -> (x, (k, v))``, a DecoderBlock's signature: x + tanh(own(x) +
+    cos(positions)·phase) + the average of mix(x) over every token up to each one, the cached ones included.
+
+    Its cache has the contract's layout with one head: k (B, 1, T, 1) holds the positions, v (B, 1, T, d_model)
+    the mixed states; both grow along axis 2, time.
+    """
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.own, self.mix = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.phase = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        k = positions.to(x.dtype)[None, None, :, None].expand(B, 1, T, 1)  # (B, 1, T, 1)
+        v = self.mix(x)[:, None]  # (B, 1, T, d_model)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        past = k.size(2) - T
+        allowed = torch.arange(k.size(2), device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]
+        average = _masked_mean(v[:, 0], allowed[None])  # (B, T, d_model)
+        turn = torch.cos(positions.to(x.dtype))[:, None] * self.phase  # (T, d_model): where each token is
+        return x + torch.tanh(self.own(x) + turn) + average, (k, v)
+
+
+def stand_in_blocks(state: dict) -> nn.ModuleList:
+    """A ModuleList of ``StandInBlock`` holding the weights in ``state`` ("0.own.weight", ...)."""
+    count = 1 + max(int(key.split(".")[0]) for key in state)
+    d_model, dtype = state["0.own.weight"].shape[0], state["0.own.weight"].dtype
+    blocks = nn.ModuleList(StandInBlock(d_model) for _ in range(count)).to(dtype)
+    blocks.load_state_dict(state)
+    return blocks
+
+
+class StandInLM(nn.Module):
+    """What ``lm_loss`` and ``generate`` are given: ``forward(idx, cache=None) -> (logits, cache)``, a GPT's
+    signature, with one ``StandInBlock``. ``fed`` lists how many tokens each call was given, so a check can
+    tell whether generation used the cache."""
+
+    def __init__(self, vocab: int, d_model: int):
+        super().__init__()
+        self.embed, self.block, self.head = nn.Embedding(vocab, d_model), StandInBlock(d_model), nn.Linear(d_model, vocab)
+        self.fed: list[int] = []
+
+    def forward(self, idx, cache=None):
+        self.fed.append(idx.size(1))
+        past = 0 if cache is None else cache[0][0].size(2)
+        x, block_cache = self.block(self.embed(idx), torch.arange(past, past + idx.size(1), device=idx.device),
+                                    None if cache is None else cache[0])
+        return self.head(x), [block_cache]
+
+
+def stand_in_lm(state: dict) -> StandInLM:
+    """A ``StandInLM`` holding the weights in ``state``, in their dtype."""
+    vocab, d_model = state["embed.weight"].shape
+    model = StandInLM(vocab, d_model).to(state["embed.weight"].dtype)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def seeded_generator(device: str, seed: int) -> torch.Generator:
+    """The generator a check hands to ``generate``, made where the learner's code runs."""
+    return torch.Generator(device=device).manual_seed(seed)

@@ -1,0 +1,821 @@
+"""Checks for chapter 06_decoder_only: RMSNorm, RoPE, the decoder block with its KV cache, the model, the
+language-model loss and sampling.
+
+The chapter's catalogued mistakes, each named by the check it belongs to (the tests hold one buggy
+implementation per entry):
+    RMSNorm         subtracting the mean (a LayerNorm without bias); eps outside the square root; no weight
+    apply_rotary    rotating the wrong pairs (interleaved (2i, 2i + 1) instead of the course's half-split
+                    (i, i + d_k/2)); rotating the wrong way; ignoring the positions; one frequency per feature
+    DecoderBlock    RoPE applied to v; RoPE on q only; positions restarting at 0 for cached tokens; the cache
+                    appended on the wrong axis; a causal mask that ignores the cached tokens; no causal mask;
+                    the FFN's gate and up projections swapped
+    GPT             positions restarting at 0 for cached tokens; no final norm; embeddings scaled by sqrt(d_model)
+    lm_loss         loss not shifted; shifted the wrong way
+    generate        softmax over the wrong axis; top-k applied after softmax without renormalising; temperature
+                    applied after softmax; the cache not used
+
+Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
+be: the GPT check compares numbers with stand-in blocks (``stand_ins``) in place of the learner's, and the
+loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
+a token is drawn: ``torch.multinomial(probs, 1, generator=generator)`` on the final probabilities.
+"""
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..reference import decoder_only as ref
+from ..remote.proxy import make_beside, run_beside, type_name
+from . import beside, stand_ins
+from .harness import (
+    Inputs,
+    Mistake,
+    call,
+    candidates,
+    close,
+    construct,
+    copy_weights,
+    default_dtype,
+    devices,
+    expect_device_agnostic,
+    expect_tensor,
+    expect_unchanged,
+    fail,
+    grid,
+    learner_step,
+    name_the_mistake,
+    one_thread,
+    output_like_input,
+    passed,
+    randomise,
+    run_cases,
+    strict_numerics,
+)
+
+# ------------------------------------------------------------------------------- RMSNorm
+
+
+@dataclass(frozen=True)
+class NormCase:
+    shape: tuple  # (..., d_model)
+    eps: float
+    scale: float  # of the input: a small one makes eps matter
+
+
+VISIBLE_NORM = [NormCase((2, 5, 8), 1e-6, 1.0), NormCase((3, 6), 1e-2, 0.05)]
+HIDDEN_NORM = [NormCase((4, 3, 12), 1e-6, 2.0), NormCase((2, 7, 5), 0.1, 0.2), NormCase((9, 16), 1e-3, 0.03)]
+NORM_HINT = "register the scale in __init__: self.weight = nn.Parameter(torch.ones(d_model)), and no bias."
+
+
+def _rms(x, eps, centred=False, outside=False):
+    if centred:
+        x = x - x.mean(dim=-1, keepdim=True)
+    mean_square = x.pow(2).mean(dim=-1, keepdim=True)
+    return x / (mean_square.sqrt() + eps) if outside else x / torch.sqrt(mean_square + eps)
+
+
+NORM_MISTAKES = [
+    Mistake(
+        "RMSNorm subtracts the mean: that is LayerNorm (without its bias); RMSNorm only divides by the root mean square",
+        "x / sqrt(mean(x**2, dim=-1) + eps) * weight: no x - mean.",
+        lambda x, norm: _rms(x, norm.eps, centred=True) * norm.weight,
+    ),
+    Mistake(
+        "eps is added outside the square root: x / (sqrt(mean(x**2)) + eps)",
+        "the formula is x / sqrt(mean(x**2) + eps).",
+        lambda x, norm: _rms(x, norm.eps, outside=True) * norm.weight,
+    ),
+    Mistake(
+        "the output is not scaled by the learnable weight",
+        "multiply the normalised x by self.weight.",
+        lambda x, norm: _rms(x, norm.eps),
+    ),
+    Mistake(
+        "RMSNorm ignores its eps argument and uses 1e-6",
+        "store eps in __init__ (self.eps = eps) and use it in forward.",
+        lambda x, norm: _rms(x, 1e-6) * norm.weight if norm.eps != 1e-6 else None,
+    ),
+]
+
+
+def _reference_norm(case: NormCase, seed: int) -> ref.RMSNorm:
+    return randomise(ref.RMSNorm(case.shape[-1], case.eps).double(), Inputs(seed + 500))
+
+
+def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
+    """Check a learner's ``RMSNorm(d_model, eps=1e-6)`` against the reference (itself proven against
+    torch.nn.RMSNorm)."""
+    name = "RMSNorm"
+    cases = HIDDEN_NORM if hidden else VISIBLE_NORM
+    seed = 6100 if hidden else 610
+
+    def check_case(i: int, case: NormCase, device, dtype) -> None:
+        reference = _reference_norm(case, seed + i)
+        module = construct(name, RMSNorm, case.shape[-1], eps=case.eps).to(torch.float64)
+        copy_weights(name, module, reference, NORM_HINT)
+        x64 = Inputs(seed + i).randn(*case.shape) * case.scale
+        out = output_like_input(name, module.to(device=device, dtype=dtype), x64.to(device=device, dtype=dtype))
+        with torch.no_grad():
+            expected = reference(x64)
+        if not close(out.detach(), expected):
+            name_the_mistake(name, "the output", out.detach(), expected, candidates(NORM_MISTAKES, x64, reference))
+
+    def gradients_and_devices() -> None:
+        for device, dtype in grid():
+            _expect_norm_gradients(name, RMSNorm, cases[0], seed, device, dtype)
+        module = construct(name, RMSNorm, cases[0].shape[-1], eps=cases[0].eps).double()
+        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), (Inputs(seed).randn(*cases[0].shape),))
+
+    with strict_numerics(), one_thread():
+        run_cases(name, cases, check_case, after=gradients_and_devices)
+
+
+def _expect_norm_gradients(name, RMSNorm, case: NormCase, seed: int, device, dtype) -> None:
+    """Backpropagate a random upstream gradient through the learner's and the reference RMSNorm."""
+    reference = _reference_norm(case, seed)
+    x64, upstream = Inputs(seed).randn(*case.shape) * case.scale, Inputs(seed + 700).randn(*case.shape)
+    x_ref = x64.clone().requires_grad_()
+    (reference(x_ref) * upstream).sum().backward()
+    module = construct(name, RMSNorm, case.shape[-1], eps=case.eps).to(torch.float64)
+    copy_weights(name, module, reference, NORM_HINT)
+    module = module.to(device=device, dtype=dtype)
+    x, up = x64.to(device=device, dtype=dtype), upstream.to(device=device, dtype=dtype)
+    actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, up, ["weight"]), (x,))
+    if "error" in actual:
+        fail(name, f"the output is not connected to the autograd graph ({actual['error']})",
+             "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.")
+    for what, expected in (("x", x_ref.grad), ("weight", reference.weight.grad)):
+        grad = actual.get(what)
+        if not isinstance(grad, torch.Tensor) or not close(grad, expected):
+            fail(name, f"the gradient with respect to `{what}` differs from the reference although the output is "
+                 "right: part of your computation is cut from the graph",
+                 "compute the root mean square from x itself, without .detach(), .data, .item() or torch.no_grad().")
+
+
+# ------------------------------------------------------------------------------- apply_rotary
+
+
+@dataclass(frozen=True)
+class RotaryCase:
+    batch: int
+    heads: int
+    length: int
+    d_k: int
+    start: int  # positions start here (and are not contiguous when ``gaps``), as after a cache
+    gaps: bool = False
+
+
+VISIBLE_ROTARY = [RotaryCase(2, 3, 5, 8, start=4), RotaryCase(1, 2, 6, 6, start=0, gaps=True)]
+HIDDEN_ROTARY = [RotaryCase(3, 2, 4, 12, start=9), RotaryCase(2, 4, 7, 4, start=1, gaps=True),
+                 RotaryCase(1, 1, 3, 16, start=17)]
+HALF_SPLIT = "the course pairs feature i with feature i + d_k/2 (LLaMA's half-split), x1 = x[..., :d_k//2], x2 = x[..., d_k//2:]"
+
+
+def _positions(case: RotaryCase, seed: int) -> torch.Tensor:
+    if case.gaps:
+        steps = torch.randint(1, 4, (case.length,), generator=Inputs(seed + 900).generator)
+        return case.start + steps.cumsum(0) - steps[0]
+    return torch.arange(case.start, case.start + case.length)
+
+
+def _rotate(x, positions, pairs="half", direction=1.0, exponent=2.0):
+    """RoPE with one thing changed: which features pair up, which way they turn, the frequencies."""
+    d_k = x.size(-1)
+    theta = 10000.0 ** (-torch.arange(d_k // 2, dtype=torch.float64) * exponent / d_k)
+    angle = positions.to(torch.float64)[:, None] * theta
+    cos, sin = angle.cos(), direction * angle.sin()
+    x1, x2 = (x[..., : d_k // 2], x[..., d_k // 2:]) if pairs == "half" else (x[..., 0::2], x[..., 1::2])
+    a, b = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if pairs == "half":
+        return torch.cat([a, b], dim=-1)
+    return torch.stack([a, b], dim=-1).flatten(-2)
+
+
+ROTARY_MISTAKES = [
+    Mistake(
+        f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), the RoPE paper's interleaved notation; {HALF_SPLIT}",
+        "rotate (x1, x2) with x1 = x[..., :d_k // 2] and x2 = x[..., d_k // 2:], and concatenate the two results.",
+        lambda x, positions: _rotate(x, positions, pairs="interleaved"),
+    ),
+    Mistake(
+        "RoPE turns the pairs the wrong way (the sines have the wrong sign)",
+        "(x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin).",
+        lambda x, positions: _rotate(x, positions, direction=-1.0),
+    ),
+    Mistake(
+        "the positions argument is ignored: the tokens are rotated as if they were at 0, 1, 2, ... (positions "
+        "restarting at 0, which breaks every token after a cache)",
+        "use the positions you are given: angle = positions[:, None] * theta.",
+        lambda x, positions: _rotate(x, torch.arange(x.size(-2))) if not torch.equal(positions, torch.arange(x.size(-2))) else None,
+    ),
+    Mistake(
+        "the frequencies use the feature index i instead of 2i: theta_i = base^(-i/d_k), where RoPE's is base^(-2i/d_k)",
+        "theta = base ** (-torch.arange(0, d_k, 2) / d_k), one frequency per pair.",
+        lambda x, positions: _rotate(x, positions, exponent=1.0),
+    ),
+]
+
+
+def check_apply_rotary(apply_rotary, hidden: bool = False) -> None:
+    """Check a learner's ``apply_rotary(x, positions, base=10000.0)`` on (B, h, T, d_k) tensors."""
+    name = "apply_rotary"
+    cases = HIDDEN_ROTARY if hidden else VISIBLE_ROTARY
+    seed = 6200 if hidden else 620
+
+    def check_case(i: int, case: RotaryCase, device, dtype) -> None:
+        x64 = Inputs(seed + i).randn(case.batch, case.heads, case.length, case.d_k)
+        positions = _positions(case, seed + i)
+        expected = ref.apply_rotary(x64, positions)
+        with default_dtype(dtype):
+            out = output_like_input(name, apply_rotary, x64.to(device=device, dtype=dtype), positions.to(device))
+        if not close(out, expected):
+            name_the_mistake(name, "the rotated tensor", out, expected, candidates(ROTARY_MISTAKES, x64, positions))
+
+    def on_meta() -> None:
+        case = cases[0]
+        x = Inputs(seed).randn(case.batch, case.heads, case.length, case.d_k)
+        expect_device_agnostic(name, apply_rotary, (x, _positions(case, seed)))
+
+    with strict_numerics(), one_thread():
+        run_cases(name, cases, check_case, after=on_meta)
+
+
+# ------------------------------------------------------------------------------- DecoderBlock
+
+
+@dataclass(frozen=True)
+class BlockCase:
+    batch: int
+    length: int  # new tokens
+    past: int  # cached tokens (0: no cache)
+    d_model: int
+    n_heads: int
+    d_ff: int
+
+
+VISIBLE_BLOCK = [BlockCase(2, 5, 0, 8, 2, 12), BlockCase(3, 2, 4, 12, 3, 20), BlockCase(2, 1, 6, 8, 2, 16)]
+HIDDEN_BLOCK = [BlockCase(3, 6, 0, 16, 4, 24), BlockCase(2, 3, 5, 12, 2, 16), BlockCase(4, 1, 3, 8, 1, 8),
+                BlockCase(1, 4, 7, 12, 3, 28)]
+BLOCK_HINT = (
+    "the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model)), w_q, w_k, w_v, w_o "
+    "(nn.Linear(d_model, d_model, bias=False)), w_gate and w_up (nn.Linear(d_model, d_ff, bias=False)) and "
+    "w_down (nn.Linear(d_ff, d_model, bias=False))."
+)
+CACHE_AXIS = (
+    "the cache is appended on the wrong axis: keys and values grow along time, axis 2 of (B, h, T, d_k)",
+    "k = torch.cat([cache[0], k], dim=2), and the same for v.",
+)
+
+
+def _block(block, x, positions, cache, rope="half", rotate_v=False, rotate_k=True, restart=False,
+           mask="offset", gate_swapped=False):
+    """The reference block with one thing changed: the RoPE pairs, what is rotated, the positions, the mask."""
+    B, T, _ = x.shape
+    h = block.attn_norm(x)
+    q, k, v = (w(h).view(B, T, block.n_heads, block.d_k).transpose(1, 2) for w in (block.w_q, block.w_k, block.w_v))
+    where = torch.arange(T) if restart else positions
+    rotate = (lambda t: _rotate(t, where, pairs="interleaved")) if rope == "interleaved" else (lambda t: ref.apply_rotary(t, where))
+    q = rotate(q)
+    k = rotate(k) if rotate_k else k
+    v = rotate(v) if rotate_v else v
+    if cache is not None:
+        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+    past = k.size(2) - T
+    allowed = {
+        "offset": torch.arange(k.size(2)) <= torch.arange(past, past + T)[:, None],
+        "from_start": torch.ones(T, k.size(2), dtype=torch.bool).tril(),
+        "none": torch.ones(T, k.size(2), dtype=torch.bool),
+    }[mask]
+    attended, _ = ref.scaled_dot_product_attention(q, k, v, allowed)
+    x = x + block.w_o(attended.transpose(1, 2).reshape(B, T, -1))
+    h = block.ffn_norm(x)
+    gate, up = (block.w_up, block.w_gate) if gate_swapped else (block.w_gate, block.w_up)
+    return x + block.w_down(nn.functional.silu(gate(h)) * up(h)), (k, v)
+
+
+BLOCK_MISTAKES = [
+    Mistake(
+        f"RoPE rotates the wrong pairs: interleaved (2i, 2i + 1) instead of the course's half-split; {HALF_SPLIT}",
+        "use your apply_rotary (half-split) on q and k.",
+        lambda b, x, p, c: _block(b, x, p, c, rope="interleaved"),
+    ),
+    Mistake(
+        "RoPE is applied to v too: only the queries and keys are rotated (positions belong in the scores, not in "
+        "what is averaged)",
+        "q, k = apply_rotary(q, positions), apply_rotary(k, positions); leave v as it is.",
+        lambda b, x, p, c: _block(b, x, p, c, rotate_v=True),
+    ),
+    Mistake(
+        "RoPE is applied to q only: the keys must be rotated too, or the scores do not depend on the offset",
+        "k = apply_rotary(k, positions), before it goes into the cache.",
+        lambda b, x, p, c: _block(b, x, p, c, rotate_k=False),
+    ),
+    Mistake(
+        "positions restarting at 0 for cached tokens: the new tokens are rotated as if they were at 0, 1, ... "
+        "instead of at the positions given",
+        "rotate with the positions argument (T_past, T_past + 1, ... after a cache), not torch.arange(T).",
+        lambda b, x, p, c: _block(b, x, p, c, restart=True) if int(p[0]) != 0 else None,
+    ),
+    Mistake(
+        "the causal mask ignores the cached tokens: it is a (T, T) triangle placed over the first keys, so the "
+        "new tokens cannot see most of the cache",
+        "the new tokens are the last T of T_past + T keys: token t may see keys 0 .. T_past + t.",
+        lambda b, x, p, c: _block(b, x, p, c, mask="from_start") if c is not None else None,
+    ),
+    Mistake(
+        "no causal mask: each token sees the tokens after it",
+        "mask the scores so that token t attends to keys 0 .. T_past + t only.",
+        lambda b, x, p, c: _block(b, x, p, c, mask="none"),
+    ),
+    Mistake(
+        "the FFN's gate and up projections are swapped: silu goes on w_gate's output, which multiplies w_up's",
+        "w_down(F.silu(w_gate(h)) * w_up(h)).",
+        lambda b, x, p, c: _block(b, x, p, c, gate_swapped=True),
+    ),
+]
+
+
+def _block_inputs(case: BlockCase, seed: int):
+    """x (B, T, d_model), positions (T,) after the cache, and the cache (k, v) or None (float64, CPU)."""
+    draw = Inputs(seed)
+    x = draw.randn(case.batch, case.length, case.d_model)
+    d_k = case.d_model // case.n_heads
+    cache = None if case.past == 0 else tuple(draw.randn(case.batch, case.n_heads, case.past, d_k) for _ in range(2))
+    return x, torch.arange(case.past, case.past + case.length), cache
+
+
+def _as_cache(name, cache, expected, where: str):
+    """The learner's cache must be a pair (k, v) of tensors shaped like the reference's."""
+    if not isinstance(cache, (tuple, list)) or len(cache) != 2:
+        fail(name, f"{where} should return its cache as a pair (k, v), got {type_name(cache)}",
+             "return x, (k, v) with k and v of shape (B, h, T_past + T, d_k).")
+    for what, got, want in zip(("keys", "values"), cache, expected):
+        if not isinstance(got, torch.Tensor):
+            fail(name, f"the cache's {what} should be a tensor, got {type_name(got)}")
+        if tuple(got.shape) != tuple(want.shape):
+            problem, hint = CACHE_AXIS
+            fail(name, f"{problem} (the cache's {what} have shape {tuple(got.shape)}, expected {tuple(want.shape)})", hint)
+    return cache
+
+
+def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
+    """Check a learner's ``DecoderBlock(d_model, n_heads, d_ff)``: ``forward(x, positions, cache=None)``
+    returns (x, (k, v)), with and without a cache."""
+    name = "DecoderBlock"
+    cases = HIDDEN_BLOCK if hidden else VISIBLE_BLOCK
+    seed = 6300 if hidden else 630
+    count = 0
+    with strict_numerics(), one_thread():
+        for i, case in enumerate(cases):
+            reference = randomise(ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff).double(), Inputs(seed + i + 500))
+            x64, positions, cache64 = _block_inputs(case, seed + i)
+            with torch.no_grad():
+                expected, expected_cache = reference(x64, positions, cache64)
+            for device, dtype in grid():
+                learner = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).to(torch.float64)
+                copy_weights(name, learner, reference, BLOCK_HINT)
+                learner = learner.to(device=device, dtype=dtype)
+                x = x64.to(device=device, dtype=dtype)
+                cache = None if cache64 is None else tuple(t.to(device=device, dtype=dtype) for t in cache64)
+                with torch.no_grad(), default_dtype(dtype):
+                    result = _call_block(name, learner, x, positions.to(device), cache)
+                if not isinstance(result, (tuple, list)) or len(result) != 2:
+                    fail(name, f"forward should return (x, cache), got {type_name(result)}",
+                         "return x, (k, v): the output and the new cache.")
+                out, new_cache = result
+                expect_tensor(name, "the output", out, expected.shape, like=x)
+                new_cache = _as_cache(name, new_cache, expected_cache, "forward")
+                if not close(out, expected):
+                    made = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
+                    name_the_mistake(name, "the output", out, expected, made)
+                for what, got, want in zip(("keys", "values"), new_cache, expected_cache):
+                    if not close(got, want):
+                        hint = "the cache holds k after RoPE (rotated) and v as projected, old tokens first."
+                        fail(name, f"the cache's {what} differ from the reference's ({what} of every token so far)", hint)
+                count += 1
+        case = cases[0]
+        module = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).double()
+        x, positions, _ = _block_inputs(case, seed)
+        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), (x, positions))
+    passed(name, count)
+
+
+def _call_block(name, block, x, positions, cache):
+    """The block's forward; an error only when given a cache is most likely the cache's axis."""
+    if cache is None:
+        return call(name, block, x, positions)
+    try:
+        return call(name, block, x, positions, cache)
+    except AssertionError as error:
+        if "raised" not in str(error):
+            raise
+        problem, hint = CACHE_AXIS
+        fail(name, f"{str(error).removeprefix(name + ': ')}\nIt fails only when given a cache: is {problem}?", hint)
+
+
+# ------------------------------------------------------------------------------- GPT
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    batch: int
+    length: int
+    split: int  # the cached run reads idx[:, :split], then the rest one token at a time
+    vocab: int
+    d_model: int
+    n_heads: int
+    n_layers: int
+    d_ff: int
+
+
+VISIBLE_MODEL = [ModelCase(2, 7, 3, 11, 8, 2, 2, 16), ModelCase(3, 5, 1, 9, 12, 3, 1, 20)]
+HIDDEN_MODEL = [ModelCase(3, 8, 5, 13, 16, 4, 2, 24), ModelCase(2, 6, 2, 10, 8, 1, 3, 12),
+                ModelCase(4, 4, 1, 7, 12, 2, 1, 16)]
+MODEL_HINT = (
+    "the notebook names the submodules embed (nn.Embedding(vocab, d_model)), blocks (nn.ModuleList of "
+    "DecoderBlock), norm (RMSNorm(d_model)) and head (nn.Linear(d_model, vocab, bias=False))."
+)
+STAND_IN_NOTE = (
+    " (this comparison runs your GPT with simple stand-in blocks in place of your DecoderBlocks, so the "
+    "difference comes from GPT itself)"
+)
+
+
+def _gpt(model, idx, cache=None, restart=False, final_norm=True, scaled=False):
+    """The reference GPT with one thing changed: positions after a cache, the final norm, an embedding scale."""
+    past = 0 if cache is None or restart else cache[0][0].size(2)
+    positions = torch.arange(past, past + idx.size(1))
+    x = model.embed(idx) * (math.sqrt(model.embed.embedding_dim) if scaled else 1.0)
+    new_cache = []
+    for i, block in enumerate(model.blocks):
+        x, layer_cache = block(x, positions, None if cache is None else cache[i])
+        new_cache.append(layer_cache)
+    return model.head(model.norm(x) if final_norm else x), new_cache
+
+
+GPT_MISTAKES = [
+    Mistake(
+        "positions restarting at 0 for cached tokens: with a cache of T_past tokens the new ones are at "
+        "T_past, T_past + 1, ..., not 0, 1, ...",
+        "positions = torch.arange(T_past, T_past + T) with T_past the cache's length (cache[0][0].size(2)).",
+        lambda model, idx, cache: _gpt(model, idx, cache, restart=True)[0] if cache is not None else None,
+    ),
+    Mistake(
+        "no final norm: a Pre-Norm stack's last residual sum must go through self.norm before the head",
+        "return self.head(self.norm(x)), cache.",
+        lambda model, idx, cache: _gpt(model, idx, cache, final_norm=False)[0],
+    ),
+    Mistake(
+        "the token embeddings are scaled by sqrt(d_model): that belongs to the 2017 Transformer's sinusoidal "
+        "positions; a RoPE model adds nothing to its embeddings and scales nothing",
+        "x = self.embed(idx).",
+        lambda model, idx, cache: _gpt(model, idx, cache, scaled=True)[0],
+    ),
+]
+
+
+def _reference_model(case: ModelCase, seed: int) -> ref.GPT:
+    model = ref.GPT(case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff).double()
+    return randomise(model, Inputs(seed + 500)).eval()
+
+
+def _stand_in_state(case: ModelCase, seed: int) -> dict:
+    blocks = nn.ModuleList(stand_ins.StandInBlock(case.d_model) for _ in range(case.n_layers)).double()
+    return randomise(blocks, Inputs(seed + 700)).state_dict()
+
+
+def _logits_and_cache(name, result, shape, like):
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        fail(name, f"forward should return (logits, cache), got {type_name(result)}",
+             "return self.head(self.norm(x)), new_cache.")
+    expect_tensor(name, "the logits", result[0], shape, like=like)
+    return result
+
+
+def check_gpt(GPT, hidden: bool = False) -> None:
+    """Check a learner's ``GPT(vocab, d_model, n_heads, n_layers, d_ff)``: ``forward(idx, cache=None)`` returns
+    (logits, cache); uncached and cached, then causality and cache consistency with the learner's own blocks."""
+    name = "GPT"
+    cases = HIDDEN_MODEL if hidden else VISIBLE_MODEL
+    seed = 6400 if hidden else 640
+    count = 0
+    with strict_numerics(), one_thread():
+        for i, case in enumerate(cases):
+            reference = _reference_model(case, seed + i)
+            learner64 = construct(name, GPT, case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff).double()
+            copy_weights(name, learner64, reference, MODEL_HINT)
+            idx64 = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed + i).generator)
+            state = _stand_in_state(case, seed + i)
+            swapped = copy.deepcopy(reference)
+            swapped.blocks = stand_ins.stand_in_blocks(state)
+            for device, dtype in grid():
+                model = copy.deepcopy(learner64).to(device=device, dtype=dtype)
+                copy_weights(name, model, reference, MODEL_HINT)
+                model.blocks = make_beside(model, stand_ins.stand_in_blocks, state)
+                model = model.to(device=device, dtype=dtype)
+                with torch.no_grad(), default_dtype(dtype):
+                    _check_model_case(name, model, swapped, idx64, case, device, dtype)
+                count += 1
+            with torch.no_grad():
+                _expect_properties(name, learner64, idx64, case)
+            _expect_gradients(name, learner64, reference, idx64, seed + i)
+        case = cases[0]
+        model = construct(name, GPT, case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff).double()
+        idx = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed).generator)
+        expect_device_agnostic(name, copy.deepcopy(model).to("meta"), (idx,))
+    passed(name, count)
+
+
+def _check_model_case(name, model, reference, idx64, case: ModelCase, device, dtype) -> None:
+    like = torch.empty(0, dtype=dtype, device=device)
+    idx = idx64.to(device)
+    expected, _ = reference(idx64)
+    before = {"idx": (idx, idx.clone())}
+    logits, _ = _logits_and_cache(name, call(name, model, idx), expected.shape, like)
+    expect_unchanged(name, before)
+    if not close(logits, expected):
+        made = candidates(GPT_MISTAKES, reference, idx64, None)
+        name_the_mistake(name, "the logits" + STAND_IN_NOTE, logits, expected, made)
+    _, cache64 = reference(idx64[:, : case.split])
+    _, cache = _logits_and_cache(name, call(name, model, idx[:, : case.split]), (case.batch, case.split, case.vocab), like)
+    rest64 = idx64[:, case.split:]
+    logits, _ = _logits_and_cache(name, call(name, model, idx[:, case.split:], cache), rest64.shape + (case.vocab,), like)
+    if not close(logits, expected[:, case.split:]):
+        made = candidates(GPT_MISTAKES, reference, rest64, cache64)
+        name_the_mistake(name, f"the logits of idx[:, {case.split}:] given the cache of idx[:, :{case.split}]"
+                         + STAND_IN_NOTE, logits, expected[:, case.split:], made)
+
+
+def _expect_properties(name, model, idx, case: ModelCase) -> None:
+    """With the learner's own blocks: causal, and cached decoding gives the logits of uncached decoding."""
+    full, _ = call(name, model, idx)
+    changed = idx.clone()
+    changed[:, case.split:] = (changed[:, case.split:] + 1) % case.vocab
+    if not close(call(name, model, changed)[0][:, : case.split], full[:, : case.split]):
+        fail(name, f"the model can see the future: changing the tokens from position {case.split} on changed the "
+             f"logits before {case.split}", "each DecoderBlock must mask its scores causally.")
+    logits, cache = call(name, model, idx[:, : case.split])
+    steps = [logits]
+    for t in range(case.split, case.length):
+        logits, cache = call(name, model, idx[:, t:t + 1], cache)
+        steps.append(logits)
+    if not close(torch.cat(steps, dim=1), full):
+        fail(name, f"decoding with the cache, one token at a time after the first {case.split}, gives other logits "
+             "than running the whole sequence at once",
+             "with your own DecoderBlocks: rotate the new tokens at their true positions, append the cache along "
+             "time (dim 2), and let each new token see every cached one.")
+
+
+def _expect_gradients(name, model, reference, idx, seed: int) -> None:
+    """With the learner's own blocks and the reference's weights: every parameter gets the reference's gradient."""
+    upstream = Inputs(seed + 900).randn(*idx.shape, reference.head.out_features)
+    expected = beside.parameter_gradients(reference, (idx,), upstream)["gradients"]
+    actual = learner_step(name, lambda: run_beside(beside.parameter_gradients, model, (idx,), upstream), (idx,))
+    if "error" in actual:
+        fail(name, f"the logits are not connected to the autograd graph ({actual['error']})",
+             "do not use torch.no_grad(), .detach(), .data or .item() inside forward.")
+    for key, want in expected.items():
+        got = actual["gradients"].get(key)
+        if not isinstance(got, torch.Tensor):
+            fail(name, f"no gradient reaches the parameter {key}: forward does not use it, or cuts it from the graph",
+                 "every submodule the notebook names must take part in forward, with nothing detached.")
+        if not close(got, want):
+            fail(name, f"the gradient of {key} differs from the reference although the logits are right: part of "
+                 f"the computation is cut from the graph", "look for .detach(), .data or torch.no_grad() in forward.")
+
+
+# ------------------------------------------------------------------------------- lm_loss
+
+
+@dataclass(frozen=True)
+class LossCase:
+    batch: int
+    length: int
+    vocab: int
+    d_model: int
+
+
+VISIBLE_LOSS = [LossCase(3, 6, 11, 8), LossCase(2, 9, 7, 12)]
+HIDDEN_LOSS = [LossCase(4, 5, 13, 8), LossCase(1, 8, 9, 16), LossCase(5, 3, 6, 8)]
+
+
+def _stand_in_lm(vocab: int, d_model: int, seed: int, sharpen: float = 1.0) -> nn.Module:
+    """A float64 stand-in language model with random weights (its weights are what crosses to the kernel)."""
+    model = randomise(stand_ins.StandInLM(vocab, d_model).double(), Inputs(seed))
+    with torch.no_grad():
+        model.head.weight *= sharpen
+    return stand_ins.stand_in_lm(model.state_dict())
+
+
+def _cross_entropy(logits, labels):
+    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+LOSS_MISTAKES = [
+    Mistake(
+        "loss not shifted: the model reads idx and is scored on idx itself, so it only has to copy what it sees",
+        "the model reads idx[:, :-1] and is scored on the next tokens, idx[:, 1:].",
+        lambda model, idx: _cross_entropy(model(idx)[0], idx),
+    ),
+    Mistake(
+        "loss not shifted: the labels are idx[:, :-1], the very tokens the model reads",
+        "the labels are the next tokens: idx[:, 1:].",
+        lambda model, idx: _cross_entropy(model(idx[:, :-1])[0], idx[:, :-1]),
+    ),
+    Mistake(
+        "the shift goes the wrong way: the model reads idx[:, 1:] and is scored on idx[:, :-1]",
+        "inputs idx[:, :-1], labels idx[:, 1:].",
+        lambda model, idx: _cross_entropy(model(idx[:, 1:])[0], idx[:, :-1]),
+    ),
+]
+
+
+def check_lm_loss(lm_loss, hidden: bool = False) -> None:
+    """Check a learner's ``lm_loss(model, idx) -> scalar`` on a stand-in model."""
+    name = "lm_loss"
+    cases = HIDDEN_LOSS if hidden else VISIBLE_LOSS
+    seed = 6500 if hidden else 650
+    count = 0
+    with strict_numerics(), one_thread():
+        for i, case in enumerate(cases):
+            reference = _stand_in_lm(case.vocab, case.d_model, seed + i + 500)
+            idx64 = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed + i).generator)
+            with torch.no_grad():
+                expected = ref.lm_loss(reference, idx64)
+            for device, dtype in grid():
+                model = make_beside(lm_loss, stand_ins.stand_in_lm, reference.state_dict()).to(device=device, dtype=dtype)
+                idx = idx64.to(device)
+                before = {"idx": (idx, idx.clone())}
+                loss = call(name, lm_loss, model, idx)
+                expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
+                expect_unchanged(name, before)
+                if not loss.requires_grad:
+                    fail(name, "the loss is detached from the model: nothing could be trained with it",
+                         "return the tensor itself: no .item(), .detach() or torch.no_grad().")
+                loss = loss.detach()
+                if not close(loss, expected):
+                    name_the_mistake(name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, idx64))
+                count += 1
+    passed(name, count)
+
+
+# ------------------------------------------------------------------------------- generate
+
+
+@dataclass(frozen=True)
+class SampleCase:
+    batch: int
+    length: int
+    new: int
+    vocab: int
+    options: tuple  # generate's keyword arguments, as (name, value) pairs
+    seed: int
+
+
+VISIBLE_SAMPLE = [
+    SampleCase(3, 4, 6, 11, (("temperature", 0.0),), seed=1),
+    SampleCase(4, 3, 8, 13, (("temperature", 0.7),), seed=2),
+    SampleCase(3, 5, 6, 12, (("top_k", 4),), seed=3),
+    SampleCase(2, 2, 7, 10, (("temperature", 1.3), ("top_k", 5), ("top_p", 0.8)), seed=4),
+    SampleCase(3, 3, 5, 11, (("temperature", 0.8), ("use_cache", False)), seed=5),
+]
+HIDDEN_SAMPLE = [
+    SampleCase(2, 6, 5, 9, (("temperature", 0.0), ("use_cache", False)), seed=11),
+    SampleCase(5, 2, 7, 12, (("temperature", 1.6),), seed=12),
+    SampleCase(3, 4, 6, 14, (("top_k", 3), ("temperature", 0.6)), seed=13),
+    SampleCase(4, 3, 6, 10, (("top_p", 0.7),), seed=14),
+    SampleCase(2, 5, 8, 13, (("temperature", 0.9), ("top_k", 6), ("top_p", 0.9)), seed=15),
+]
+DRAW_HINT = ("draw each token as torch.multinomial(probs, 1, generator=generator), from the probabilities after "
+             "temperature, top-k and top-p, in that order.")
+
+
+def _sample(model, idx, new, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None,
+            softmax_dim=-1, renormalise=True, temperature_after=False):
+    """The reference's sampling with one thing changed."""
+    out, past = idx, None
+    for _ in range(new):
+        if use_cache:
+            logits, past = model(out if past is None else out[:, -1:], past)
+        else:
+            logits, _ = model(out)
+        logits = logits[:, -1]
+        if temperature == 0:
+            out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
+            continue
+        logits = logits if temperature_after else logits / temperature
+        if top_k is not None and renormalise:
+            kth = logits.topk(min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = logits.softmax(dim=softmax_dim)
+        if temperature_after:
+            probs = probs / temperature
+        if top_k is not None and not renormalise:
+            kth = probs.topk(min(top_k, probs.size(-1)), dim=-1).values[:, -1:]
+            probs = probs.masked_fill(probs < kth, 0.0)
+        if top_p is not None:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, sorted_probs.cumsum(-1) - sorted_probs < top_p)
+            probs = probs.masked_fill(~keep, 0.0)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        out = torch.cat([out, torch.multinomial(probs, 1, generator=generator)], dim=1)
+    return out
+
+
+SAMPLE_MISTAKES = [
+    ("softmax over the wrong axis in sampling: the probabilities are normalised over the batch, not over the "
+     "vocabulary", "probs = logits.softmax(dim=-1) on the (B, vocab) logits of the last position.",
+     dict(softmax_dim=0)),
+    ("top-k applied after softmax without renormalising: the k kept probabilities no longer add up to 1",
+     "keep the k largest logits (the others -inf) before the softmax, which then normalises over them.",
+     dict(renormalise=False)),
+    ("temperature applied after softmax: dividing probabilities by T changes nothing once they are "
+     "renormalised; it must divide the logits", "logits = logits / temperature, then the softmax.",
+     dict(temperature_after=True)),
+]
+
+
+def _options(case: SampleCase) -> dict:
+    return dict(case.options)
+
+
+def check_generate(generate, hidden: bool = False) -> None:
+    """Check a learner's ``generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+    use_cache=True, generator=None)`` on a stand-in model: the same tokens as the reference for the same
+    seeded generator, probabilities that add up to 1, and the cache used when asked for."""
+    name = "generate"
+    cases = HIDDEN_SAMPLE if hidden else VISIBLE_SAMPLE
+    count = 0
+    with strict_numerics(), one_thread():
+        for case in cases:
+            reference = _stand_in_lm(case.vocab, 8, case.seed + 6600, sharpen=2.0)
+            idx64 = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(case.seed).generator)
+            for device in devices():
+                _check_sample_case(name, generate, case, reference, idx64, device)
+                count += 1
+    passed(name, count, dtypes=(torch.float64,))
+
+
+def _check_sample_case(name, generate, case: SampleCase, reference, idx64, device) -> None:
+    options = _options(case)
+    local = copy.deepcopy(reference).to(device)
+    expected = ref.generate(local, idx64.to(device), case.new, generator=stand_ins.seeded_generator(str(device), case.seed),
+                            **options).cpu()
+    model = make_beside(generate, stand_ins.stand_in_lm, reference.state_dict()).to(device)
+    idx = idx64.to(device)
+    generator = make_beside(generate, stand_ins.seeded_generator, str(device), case.seed)
+    before = {"idx": (idx, idx.clone())}
+    args = (model, idx, case.new)
+    run = learner_step(name, lambda: run_beside(beside.sampled, generate, *args, generator=generator, **options), args)
+    expect_unchanged(name, before)
+    tokens = run.get("tokens") if isinstance(run, dict) else None
+    shown = ", ".join(f"{k}={v}" for k, v in options.items())
+    _expect_tokens(name, tokens, idx64, case, device)
+    tokens = tokens.cpu()
+    probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
+    for p in probs:
+        sums = p.sum(dim=-1).to(torch.float64)
+        if p.dim() == 2 and not torch.allclose(sums, torch.ones_like(sums), atol=1e-9):
+            _name_sampling_mistake(name, reference, idx64, case, tokens)
+            fail(name, f"the probabilities drawn from do not add up to 1 (row sums {sums.tolist()[:3]}) with {shown}",
+                 "after top-k and top-p, the kept probabilities must be renormalised.")
+    if not torch.equal(tokens, expected):
+        _name_sampling_mistake(name, reference, idx64, case, tokens)
+        b = int((tokens != expected).any(dim=1).nonzero()[0])
+        hint = DRAW_HINT if options.get("temperature", 1.0) != 0 else "temperature=0 is greedy: the argmax of the last logits."
+        if options.get("temperature", 1.0) != 0 and not probs:
+            fail(name, f"no token was drawn with torch.multinomial with {shown}", DRAW_HINT)
+        fail(name, f"with {shown} and the same seeded generator, sequence {b} is {tokens[b].tolist()}; the reference "
+             f"draws {expected[b].tolist()}", hint)
+    fed = list(model.fed)  # how many tokens each call of the model was given
+    if options.get("use_cache", True) and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
+        fail(name, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} calls: the cache is not used",
+             "call the model on the whole prompt once, then on the newest token alone with the cache it returned.")
+
+
+def _expect_tokens(name, tokens, idx64, case: SampleCase, device) -> None:
+    if type(tokens) is not torch.Tensor:
+        fail(name, f"should return a torch.Tensor, got {type_name(tokens)}")
+    if tokens.dtype != torch.long or tokens.device.type != device.type:
+        fail(name, f"returns {tokens.dtype} on {tokens.device}; token ids are torch.long on idx's device")
+    if tuple(tokens.shape) != (case.batch, case.length + case.new):
+        fail(name, f"returns shape {tuple(tokens.shape)}; expected (B, T + max_new_tokens) = "
+             f"{(case.batch, case.length + case.new)}", "return the prompt followed by the new tokens.")
+    if not torch.equal(tokens[:, : case.length].cpu(), idx64):
+        fail(name, "the output does not start with the prompt idx", "return torch.cat([idx, new_tokens], dim=1).")
+
+
+def _name_sampling_mistake(name, reference, idx64, case: SampleCase, tokens) -> None:
+    options = _options(case)
+    for problem, hint, change in SAMPLE_MISTAKES:
+        try:
+            with torch.no_grad():
+                result = _sample(reference, idx64, case.new, generator=stand_ins.seeded_generator("cpu", case.seed),
+                                 **options, **change)
+        except Exception:  # the mistake cannot run on this case
+            continue
+        if torch.equal(result, tokens):
+            fail(name, problem, hint)

@@ -1,0 +1,492 @@
+"""The chapter-6 checks pass every correct way of writing the code and name every known mistake.
+
+The chapter's catalogued mistakes (the list the checks' docstring keeps), one buggy variant each, written
+as a learner would, mostly the reference with one thing changed:
+    RoPE rotating the wrong pairs (interleaved instead of the course's half-split), RoPE applied to v,
+    positions restarting at 0 for cached tokens, the cache appended on the wrong axis, RMSNorm subtracting
+    the mean, softmax over the wrong axis in sampling, top-k applied after softmax without renormalising,
+    temperature applied after softmax, the loss not shifted;
+and near relatives (eps outside the root, RoPE on q only, a causal mask blind to the cache, no final norm,
+the cache not used).
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autograde_tests.reference as R
+from autograde_tests.checks import (
+    check_apply_rotary,
+    check_decoder_block,
+    check_generate,
+    check_gpt,
+    check_lm_loss,
+    check_rms_norm,
+)
+
+pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
+
+
+# ------------------------------------------------------------------------ RMSNorm
+
+
+class RMSNormFunctional(R.RMSNorm):
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+class RMSNormRsqrt(nn.Module):
+    def __init__(self, d_model, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d_model)), eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps))
+
+
+class RMSNormCentred(R.RMSNorm):
+    def forward(self, x):
+        x = x - x.mean(-1, keepdim=True)
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class RMSNormEpsOutside(R.RMSNorm):
+    def forward(self, x):
+        return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
+
+
+class RMSNormUnscaled(R.RMSNorm):
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class RMSNormDetached(R.RMSNorm):
+    def forward(self, x):
+        return x / torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+@pytest.mark.parametrize("RMSNorm", [R.RMSNorm, RMSNormFunctional, RMSNormRsqrt])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
+    check_rms_norm(RMSNorm, hidden=hidden)
+    assert "✔ RMSNorm" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("RMSNorm, message", [
+    (RMSNormCentred, "RMSNorm subtracts the mean"),
+    (RMSNormEpsOutside, "eps is added outside the square root"),
+    (RMSNormUnscaled, "not scaled by the learnable weight"),
+    (RMSNormDetached, "the gradient with respect to `x` differs from the reference"),
+])
+def test_rms_norm_check_names_the_mistake(RMSNorm, message):
+    with pytest.raises(AssertionError, match=message):
+        check_rms_norm(RMSNorm)
+
+
+# ------------------------------------------------------------------------ apply_rotary
+
+
+def rotary_complex(x, positions, base=10000.0):
+    """Each pair (x1, x2) as the complex number x1 + i·x2, turned by e^(i·angle)."""
+    half = x.size(-1) // 2
+    theta = base ** (-torch.arange(0, x.size(-1), 2, dtype=torch.float64, device=x.device) / x.size(-1))
+    turn = torch.polar(torch.ones(len(positions), half, dtype=torch.float64, device=x.device), positions[:, None] * theta)
+    z = torch.complex(x[..., :half].double(), x[..., half:].double()) * turn
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+
+
+def rotary_rotate_half(x, positions, base=10000.0):
+    """Hugging Face's form: x·cos + rotate_half(x)·sin, with the angles repeated over both halves."""
+    inv_freq = 1.0 / base ** (torch.arange(0, x.size(-1), 2, dtype=torch.float64, device=x.device) / x.size(-1))
+    angle = torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * angle.cos().to(x.dtype) + torch.cat([-x2, x1], dim=-1) * angle.sin().to(x.dtype)
+
+
+def rotary_interleaved(x, positions, base=10000.0):
+    theta = base ** (-torch.arange(0, x.size(-1), 2, dtype=torch.float64) / x.size(-1))
+    angle = positions[:, None] * theta
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+
+
+def rotary_backwards(x, positions, base=10000.0):
+    return R.apply_rotary(x, -positions, base)
+
+
+def rotary_from_zero(x, positions, base=10000.0):
+    return R.apply_rotary(x, torch.arange(x.size(-2), device=x.device), base)
+
+
+def rotary_feature_frequencies(x, positions, base=10000.0):
+    half = x.size(-1) // 2
+    angle = positions[:, None] * base ** (-torch.arange(half, dtype=torch.float64) / x.size(-1))
+    x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@pytest.mark.parametrize("apply_rotary", [R.apply_rotary, rotary_complex, rotary_rotate_half])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys):
+    check_apply_rotary(apply_rotary, hidden=hidden)
+    assert "✔ apply_rotary" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("apply_rotary, message", [
+    (rotary_interleaved, r"RoPE rotates the wrong pairs: neighbouring features \(2i, 2i \+ 1\)"),
+    (rotary_backwards, "turns the pairs the wrong way"),
+    (rotary_from_zero, "positions argument is ignored"),
+    (rotary_feature_frequencies, "the frequencies use the feature index i"),
+])
+def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
+    with pytest.raises(AssertionError, match=message):
+        check_apply_rotary(apply_rotary)
+
+
+# ------------------------------------------------------------------------ DecoderBlock
+
+
+class BlockBase(R.DecoderBlock):
+    """The reference block with its attention written as a method the variants change."""
+
+    def rotate(self, t, positions):
+        return R.apply_rotary(t, positions)
+
+    def append(self, cache, k, v):
+        return torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+
+    def allowed(self, T, total, device):
+        return torch.arange(total, device=device) <= torch.arange(total - T, total, device=device)[:, None]
+
+    def project(self, h, positions):
+        B, T, _ = h.shape
+        q, k, v = (w(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+        return self.rotate(q, positions), self.rotate(k, positions), v
+
+    def ffn(self, h):
+        return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(self.attn_norm(x), positions)
+        if cache is not None:
+            k, v = self.append(cache, k, v)
+        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
+        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
+        return x + self.ffn(self.ffn_norm(x)), (k, v)
+
+
+class BlockTorchAttention(BlockBase):
+    """PyTorch's attention with an explicit mask, and the cache handed back as a list."""
+
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(self.attn_norm(x), positions)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed(T, k.size(2), x.device))
+        x = x + self.w_o(out.transpose(1, 2).flatten(2))
+        return x + self.ffn(self.ffn_norm(x)), [k, v]
+
+
+class BlockEinsum(BlockBase):
+    """Scores with einsum, the mask from triu, and complex-number RoPE."""
+
+    def rotate(self, t, positions):
+        return rotary_complex(t, positions)
+
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(self.attn_norm(x), positions)
+        if cache is not None:
+            k, v = torch.cat((cache[0], k), 2), torch.cat((cache[1], v), 2)
+        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(self.d_k)
+        future = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).triu(k.size(2) - T + 1)
+        weights = scores.masked_fill(future, float("-inf")).softmax(-1)
+        x = x + self.w_o(torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, -1))
+        return x + self.ffn(self.ffn_norm(x)), (k, v)
+
+
+class BlockInterleaved(BlockBase):
+    def rotate(self, t, positions):
+        return rotary_interleaved(t, positions)
+
+
+class BlockRotatesValues(BlockBase):
+    def project(self, h, positions):
+        q, k, v = super().project(h, positions)
+        return q, k, self.rotate(v, positions)
+
+
+class BlockRotatesQueriesOnly(BlockBase):
+    def project(self, h, positions):
+        B, T, _ = h.shape
+        q, k, v = (w(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+        return self.rotate(q, positions), k, v
+
+
+class BlockPositionsFromZero(BlockBase):
+    def project(self, h, positions):
+        return super().project(h, torch.arange(h.size(1), device=h.device))
+
+
+class BlockCacheOnHeads(BlockBase):
+    def append(self, cache, k, v):
+        return torch.cat([cache[0], k], dim=1), torch.cat([cache[1], v], dim=1)
+
+
+class BlockMaskBlindToCache(BlockBase):
+    def allowed(self, T, total, device):
+        return torch.ones(T, total, dtype=torch.bool, device=device).tril()
+
+
+class BlockNoMask(BlockBase):
+    def allowed(self, T, total, device):
+        return None
+
+
+class BlockGateSwapped(BlockBase):
+    def ffn(self, h):
+        return self.w_down(F.silu(self.w_up(h)) * self.w_gate(h))
+
+
+@pytest.mark.parametrize("DecoderBlock", [R.DecoderBlock, BlockTorchAttention, BlockEinsum])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsys):
+    check_decoder_block(DecoderBlock, hidden=hidden)
+    assert "✔ DecoderBlock" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("DecoderBlock, message", [
+    (BlockInterleaved, "RoPE rotates the wrong pairs: interleaved"),
+    (BlockRotatesValues, "RoPE is applied to v too"),
+    (BlockRotatesQueriesOnly, "RoPE is applied to q only"),
+    (BlockPositionsFromZero, "positions restarting at 0 for cached tokens"),
+    (BlockCacheOnHeads, "the cache is appended on the wrong axis"),
+    (BlockMaskBlindToCache, "the causal mask ignores the cached tokens"),
+    (BlockNoMask, "no causal mask"),
+    (BlockGateSwapped, "gate and up projections are swapped"),
+])
+def test_decoder_block_check_names_the_mistake(DecoderBlock, message):
+    with pytest.raises(AssertionError, match=message):
+        check_decoder_block(DecoderBlock)
+
+
+# ------------------------------------------------------------------------ GPT
+
+
+class GPTBase(R.GPT):
+    def positions(self, idx, cache):
+        past = 0 if cache is None else cache[0][0].size(2)
+        return torch.arange(past, past + idx.size(1), device=idx.device)
+
+    def embedding(self, idx):
+        return self.embed(idx)
+
+    def final(self, x):
+        return self.norm(x)
+
+    def forward(self, idx, cache=None):
+        x, positions, new_cache = self.embedding(idx), self.positions(idx, cache), []
+        for block, layer_cache in zip(self.blocks, cache or [None] * len(self.blocks)):
+            x, layer_cache = block(x, positions, layer_cache)
+            new_cache.append(layer_cache)
+        return self.head(self.final(x)), new_cache
+
+
+class GPTTupleCache(GPTBase):
+    """The model's cache as a tuple, its length read from the values' time axis."""
+
+    def forward(self, idx, cache=None):
+        past = cache[0][1].shape[-2] if cache else 0
+        positions = torch.arange(idx.size(1), device=idx.device) + past
+        x, caches = self.embed(idx), ()
+        for i, block in enumerate(self.blocks):
+            x, c = block(x, positions, cache[i] if cache else None)
+            caches += (c,)
+        return self.head(self.norm(x)), caches
+
+
+class GPTPositionsFromZero(GPTBase):
+    def positions(self, idx, cache):
+        return torch.arange(idx.size(1), device=idx.device)
+
+
+class GPTNoFinalNorm(GPTBase):
+    def final(self, x):
+        return x
+
+
+class GPTScaledEmbedding(GPTBase):
+    def embedding(self, idx):
+        return self.embed(idx) * math.sqrt(self.embed.embedding_dim)
+
+
+class GPTDetachedEmbedding(GPTBase):
+    def embedding(self, idx):
+        return self.embed(idx).detach()
+
+
+@pytest.mark.parametrize("GPT", [R.GPT, GPTBase, GPTTupleCache])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
+    check_gpt(GPT, hidden=hidden)
+    assert "✔ GPT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("GPT, message", [
+    (GPTPositionsFromZero, "positions restarting at 0 for cached tokens"),
+    (GPTNoFinalNorm, "no final norm"),
+    (GPTScaledEmbedding, r"embeddings are scaled by sqrt\(d_model\)"),
+    (GPTDetachedEmbedding, "no gradient reaches the parameter embed.weight"),
+])
+def test_gpt_check_names_the_mistake(GPT, message):
+    with pytest.raises(AssertionError, match=message):
+        check_gpt(GPT)
+
+
+def test_gpt_check_finds_a_cache_mistake_in_the_learners_own_blocks(monkeypatch):
+    class GPTWithBadBlocks(R.GPT):
+        def __init__(self, vocab, d_model, n_heads, n_layers, d_ff):
+            super().__init__(vocab, d_model, n_heads, n_layers, d_ff)
+            self.blocks = nn.ModuleList(BlockMaskBlindToCache(d_model, n_heads, d_ff) for _ in range(n_layers))
+
+    with pytest.raises(AssertionError, match="decoding with the cache, one token at a time"):
+        check_gpt(GPTWithBadBlocks)
+
+
+# ------------------------------------------------------------------------ lm_loss
+
+
+def loss_from_full_logits(model, idx):
+    logits, _ = model(idx)  # causal: the logits before the last are those of idx[:, :-1]
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), idx[:, 1:])
+
+
+def loss_by_hand(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return -logits.log_softmax(-1).gather(-1, idx[:, 1:, None]).mean()
+
+
+def loss_unshifted(model, idx):
+    logits, _ = model(idx)
+    return F.cross_entropy(logits.flatten(0, 1), idx.flatten())
+
+
+def loss_copies_its_input(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), idx[:, :-1].flatten())
+
+
+def loss_shifted_backwards(model, idx):
+    logits, _ = model(idx[:, 1:])
+    return F.cross_entropy(logits.flatten(0, 1), idx[:, :-1].flatten())
+
+
+@pytest.mark.parametrize("lm_loss", [R.lm_loss, loss_from_full_logits, loss_by_hand])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
+    check_lm_loss(lm_loss, hidden=hidden)
+    assert "✔ lm_loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("lm_loss, message", [
+    (loss_unshifted, "loss not shifted: the model reads idx and is scored on idx itself"),
+    (loss_copies_its_input, r"loss not shifted: the labels are idx\[:, :-1\]"),
+    (loss_shifted_backwards, "the shift goes the wrong way"),
+])
+def test_lm_loss_check_names_the_mistake(lm_loss, message):
+    with pytest.raises(AssertionError, match=message):
+        check_lm_loss(lm_loss)
+
+
+# ------------------------------------------------------------------------ generate
+
+
+def probabilities(logits, temperature, top_k, top_p, softmax_dim=-1, renormalise=True, temperature_after=False):
+    """Sorted-logits top-k and a top-p mask computed in sorted order, then scattered back."""
+    if not temperature_after:
+        logits = logits / temperature
+    if top_k is not None and renormalise:
+        sorted_logits = logits.sort(dim=-1, descending=True).values
+        logits = torch.where(logits >= sorted_logits[:, top_k - 1:top_k], logits, -math.inf)
+    probs = F.softmax(logits, dim=softmax_dim)
+    if temperature_after:
+        probs = probs / temperature
+    if top_k is not None and not renormalise:
+        probs = torch.where(probs >= probs.topk(top_k, dim=-1).values[:, -1:], probs, 0.0)
+    if top_p is not None:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop_sorted = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        drop = drop_sorted.gather(-1, order.argsort(-1))
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def make_generate(use_the_cache=True, **mistake):
+    @torch.no_grad()
+    def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+        cache, tokens = None, [idx]
+        for _ in range(max_new_tokens):
+            seq = torch.cat(tokens, dim=1)
+            if use_cache and use_the_cache:
+                logits, cache = model(seq if cache is None else tokens[-1], cache)
+            else:
+                logits, _ = model(seq)
+            last = logits[:, -1, :]
+            if temperature == 0:
+                tokens.append(last.argmax(-1)[:, None])
+            else:
+                probs = probabilities(last, temperature, top_k, top_p, **mistake)
+                tokens.append(torch.multinomial(probs, num_samples=1, generator=generator))
+        return torch.cat(tokens, dim=1)
+
+    return generate
+
+
+def generate_one_row_at_a_time(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
+                               generator=None):
+    """The reference's loop, with the draw written as a method call on the probabilities."""
+    out, cache = idx, None
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+            last = logits[:, -1]
+            if temperature == 0:
+                nxt = last.argmax(-1, keepdim=True)
+            else:
+                nxt = probabilities(last, temperature, top_k, top_p).multinomial(1, generator=generator)
+            out = torch.cat([out, nxt], 1)
+    return out
+
+
+@pytest.mark.parametrize("generate", [R.generate, make_generate(), generate_one_row_at_a_time])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_generate_check_passes_correct_variants(generate, hidden, capsys):
+    check_generate(generate, hidden=hidden)
+    assert "✔ generate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("generate, message", [
+    (make_generate(softmax_dim=0), "softmax over the wrong axis in sampling"),
+    (make_generate(renormalise=False), "top-k applied after softmax without renormalising"),
+    (make_generate(temperature_after=True), "temperature applied after softmax"),
+    (make_generate(use_the_cache=False), "use_cache=True but the model was given"),
+])
+def test_generate_check_names_the_mistake(generate, message):
+    with pytest.raises(AssertionError, match=message):
+        check_generate(generate)
+
+
+def test_unwritten_exercise_says_so():
+    def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+        raise NotImplementedError()
+
+    with pytest.raises(AssertionError, match="is not written yet"):
+        check_generate(generate)
