@@ -17,5 +17,6 @@ CHAPTER_CHECKS = {
                                "check_sublayer_connection"],
     "transformer": ["check_positional_encoding", "check_encoder_layer", "check_decoder_layer", "check_transformer",
                     "check_teacher_forcing_loss", "check_greedy_decode"],
+    "attention_at_scale": ["check_online_softmax", "check_tiled_attention"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_CHECKS)
