@@ -40,7 +40,8 @@ grade: venv
 	$(BIN)/python -m autograde_tests.grading $(ARGS)
 
 ## Measure the course's speed against PyTorch and the floor; writes book/benchmarks_measured.md (the appendix page includes it).
-## Figures 1-5 take about 1.5 hours on 2 cores; ARGS="--no-builds" skips figure 5 (make book, make test).
+## Figures 1-6 take about 1.5 hours on 2 cores; ARGS="--no-builds" skips figure 5 (make book, make test),
+## ARGS="--figures 6" measures only attention at scale (chapter 7's figures; a few minutes).
 bench: venv
 	$(BIN)/python -m autograde_tests.bench $(ARGS)
 

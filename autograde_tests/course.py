@@ -21,6 +21,7 @@ TYPICAL_MISTAKES = {
     "03_attention_variants": ("CausalSelfAttention", ", device=x.device", ""),
     "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
     "05_transformer": ("transformer", " * math.sqrt(self.d_model)", ""),
+    "07_attention_at_scale": ("tiled_attention", "acc * correction + p", "acc + p"),
 }
 
 

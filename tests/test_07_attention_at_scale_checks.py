@@ -121,6 +121,12 @@ def online_softmax_shifting_its_input(chunks):
     return m, l
 
 
+def online_softmax_returning_the_weights(chunks):
+    chunks = list(chunks)
+    m, l = reference_online_softmax(chunks)
+    return [torch.exp(x - m) / l for x in chunks]
+
+
 @pytest.mark.parametrize(
     "online_softmax, message",
     [
@@ -132,6 +138,7 @@ def online_softmax_shifting_its_input(chunks):
         (online_softmax_without_the_maximum, r"l is inf or NaN for scores around \+800"),
         (online_softmax_without_keepdim, r"m has shape \(2, 3\), expected \(2, 3, 1\)"),
         (online_softmax_shifting_its_input, r"modified its input `chunks` in place"),
+        (online_softmax_returning_the_weights, r"should return a tuple \(m, l\), got list"),
     ],
 )
 def test_online_softmax_check_names_the_mistake(online_softmax, message, capsys):
@@ -292,6 +299,10 @@ def masked_everywhere(q, k, v, block_q, block_k):
     return torch.cat(outs, dim=-2)
 
 
+def returning_weights_too(q, k, v, block_q, block_k, causal=False):
+    return reference_tiled_attention(q, k, v, block_q, block_k, causal), None
+
+
 def fused_by_pytorch(q, k, v, block_q, block_k, causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
@@ -311,6 +322,7 @@ def fused_by_pytorch(q, k, v, block_q, block_k, causal=False):
         (per_head_full_scores, r"you built the full score matrix: .* shape \(29, 37\)"),
         (causal_by_masking_every_tile, r"causal attention does 1\d\d% of the work .* leaves about 50%"),
         (fused_by_pytorch, r"calls F.scaled_dot_product_attention"),
+        (returning_weights_too, r"the output should be a torch.Tensor, got tuple"),
     ],
 )
 def test_tiled_attention_check_names_the_mistake(tiled_attention, message, capsys):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..reference import attention_at_scale as ref
+from ..remote.proxy import type_name
 from .attention import FORBIDDEN
 from .beside import watched
 from .harness import (
@@ -145,7 +146,7 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
                  "work on one chunk at a time: all you need to keep between chunks is m and l, one number per row.")
         result = report["result"]
         if not (isinstance(result, tuple) and len(result) == 2):
-            fail(name, f"should return a tuple (m, l), got {type(result).__name__}")
+            fail(name, f"should return a tuple (m, l), got {type_name(result)}")
         m, l = result
         expect_tensor(name, "m", m, expected_m.shape, like=x)
         expect_tensor(name, "l", l, expected_l.shape, like=x)
