@@ -11,6 +11,7 @@ where ``--out`` says.
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import re
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +32,11 @@ import torch
 from nbclient import NotebookClient
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import course
 from .reference.attention import scaled_dot_product_attention
+from .reference.attention_at_scale import tiled_attention
 from .reference.multi_head_attention import MultiHeadAttention
 
 REPO = Path.cwd()
@@ -300,6 +304,85 @@ def builds(repeats: int, smoke: bool) -> list[Row]:
                        f"{seconds:.0f} s ({pytest_summary(outputs[-1])})")]
 
 
+# ------------------------------------------------------------------------------ 6. attention at scale
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by the tensors a call creates: each new storage counts until it is freed.
+
+    On a GPU ``torch.cuda.max_memory_allocated`` says the same; the CPU allocator keeps no such statistic,
+    and tracemalloc does not see PyTorch's allocations."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and not func.is_view:
+                storage = t.untyped_storage()
+                if id(storage) not in self.seen:
+                    self.seen.add(id(storage))
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._freed, id(storage), storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _freed(self, key: int, nbytes: int) -> None:
+        self.seen.discard(key)
+        self.live -= nbytes
+
+
+def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    with _LiveBytes() as watch:
+        run()
+    return watch.peak
+
+
+def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], heads: int, data: Path) -> list[Row]:
+    """Forward attention, one sequence of ``heads`` heads, d_k = 64: the course's attention (chapter 1, the
+    (T, T) weights included), tiled attention (chapter 7) with several block sizes, and PyTorch's fused
+    attention; time and peak memory of the tensors each creates, at every T. Writes ``data`` (JSON) for the
+    chapter's figure."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    rows, measured = [], []
+    for device in _devices():
+        sync = _sync(device)
+        kinds = {"naive (chapter 1)": lambda q: scaled_dot_product_attention(q, q, q),
+                 **{f"tiled, blocks of {b}": (lambda q, b=b: tiled_attention(q, q, q, b, b)) for b in blocks},
+                 "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
+        previous: dict[str, tuple[float, int]] = {}
+        for n in lengths:
+            q = torch.randn(1, heads, n, 64, device=device)
+            results = {}
+            for kind, attend in kinds.items():
+                attend(q)  # warm-up
+                seconds = median_seconds(lambda: attend(q), repeats, sync)
+                results[kind] = (seconds, peak_bytes(lambda: attend(q), device))
+                measured.append({"device": device.type, "T": n, "kind": kind, "seconds": seconds,
+                                 "peak_bytes": results[kind][1]})
+            fused = results["F.scaled_dot_product_attention"][0]
+            for kind, (seconds, peak) in results.items():
+                growth = (f"; {seconds / previous[kind][0]:.1f}× the time, {peak / max(previous[kind][1], 1):.1f}× "
+                          f"the memory of T={n // 2}") if kind in previous else ""
+                rows.append(Row(f"{kind}, T={n}, h={heads}, d_k=64 ({device.type})",
+                                f"{seconds * 1e3:.1f} ms, {peak / 2**20:.1f} MiB{growth}",
+                                f"{fused * 1e3:.1f} ms (fused)", f"{seconds / fused:.2f}×"))
+            previous = results
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text(json.dumps({"machine": machine(), "heads": heads, "d_k": 64, "runs": measured}, indent=1) + "\n")
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -329,8 +412,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
-    parser.add_argument("--figures", nargs="+", choices=["1", "2", "3", "4", "5", "6"],
-                        default=["1", "2", "3", "4", "5", "6"],
+    parser.add_argument("--figures", nargs="+", choices=list("1234567"), default=list("1234567"),
                         help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
@@ -351,6 +433,9 @@ def main(argv=None) -> None:
         "6": ("Generating with and without the KV cache", lambda: generation(
             repeats, [16, 32] if args.smoke else [64, 128, 256],
             None if args.smoke else args.out.parent / "_static" / "06_decoder_only" / "generation_speed.json")),
+        "7": ("Attention at scale: time and memory against the sequence length", lambda: attention_at_scale(
+            repeats, *(([64, 128], [32], 2) if args.smoke else ([512, 1024, 2048, 4096, 8192], [64, 128, 256], 2)),
+            args.out.parent / "_static" / "07_attention_at_scale" / "scale.json")),
     }
     chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
     sections = kept_sections(args.out)

@@ -22,6 +22,7 @@ TYPICAL_MISTAKES = {
     "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
     "05_transformer": ("transformer", " * math.sqrt(self.d_model)", ""),
     "06_decoder_only": ("generate", "probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=0)"),
+    "07_attention_at_scale": ("tiled_attention", "acc * correction + p", "acc + p"),
 }
 
 

@@ -1,5 +1,6 @@
 """`make bench` keeps working: its smoke run (tiny sizes, one run) writes every figure's table."""
 
+import json
 import subprocess
 import sys
 
@@ -13,9 +14,26 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
-                   "5. Building and testing", "6. Generating with and without the KV cache"):
+                   "5. Building and testing", "6. Generating with and without the KV cache",
+                   "7. Attention at scale"):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
+    assert "tiled, blocks of 32, T=128" in text and "MiB" in text
+
+
+def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--smoke", "--figures", "7", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert list(kept_sections(out)) == ["7"]
+    data = json.loads((tmp_path / "_static" / "07_attention_at_scale" / "scale.json").read_text())
+    kinds = {(r["kind"], r["T"]) for r in data["runs"]}
+    assert ("naive (chapter 1)", 128) in kinds and ("tiled, blocks of 32", 64) in kinds
+    peak = {(r["kind"], r["T"]): r["peak_bytes"] for r in data["runs"]}
+    # the naive weights are (h, T, T) float32: 4× the bytes per doubling of T; tiles grow with T alone
+    assert peak[("naive (chapter 1)", 128)] >= 2 * 128 * 128 * 4
+    assert peak[("tiled, blocks of 32", 128)] < peak[("naive (chapter 1)", 128)] / 2
 
 
 def test_bench_refuses_fewer_than_three_repeats():

@@ -16,6 +16,7 @@ FIGURES.update({"02_multi_head_attention": 3, "03_attention_variants": 3})
 FIGURES["04_ffn_layernorm_residual"] = 5
 FIGURES["05_transformer"] = 4
 FIGURES["06_decoder_only"] = 5
+FIGURES["07_attention_at_scale"] = 3
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,8 @@ def test_introduction_covers_history_and_the_three_axes(html):
 def test_benchmarks_appendix_includes_every_figure_measured(html):
     text = (html / "benchmarks.html").read_text()
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
-                   "5. Building and testing", "6. Generating with and without the KV cache"):
+                   "5. Building and testing", "6. Generating with and without the KV cache",
+                   "7. Attention at scale"):
         assert figure in text, f"benchmarks.html has no table for figure '{figure}'"
     assert "the floor" in text and "medians of" in text and "CPU:" in text and "students/min" in text
 

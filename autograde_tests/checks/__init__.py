@@ -19,5 +19,6 @@ CHAPTER_CHECKS = {
                     "check_teacher_forcing_loss", "check_greedy_decode"],
     "decoder_only": ["check_rms_norm", "check_apply_rotary", "check_decoder_block", "check_gpt", "check_lm_loss",
                      "check_generate"],
+    "attention_at_scale": ["check_online_softmax", "check_tiled_attention"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_CHECKS)

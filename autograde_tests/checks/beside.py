@@ -172,3 +172,54 @@ def sampled(generate, *args, **kwargs) -> dict:
     with _MultinomialInputs() as spy:
         tokens = generate(*args, **kwargs)
     return {"tokens": tokens, "probs": spy.probs}
+class _Created(TorchDispatchMode):
+    """Watches every tensor the operators of a call create (views make none): the largest, and the
+    elements made in all, the call's work in a unit that needs no list of operators."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest: dict | None = None
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    self.elements += t.numel()
+                    if self.largest is None or t.numel() > self.largest["elements"]:
+                        self.largest = {"elements": t.numel(), "shape": list(t.shape),
+                                        "dtype": str(t.dtype).removeprefix("torch."), "op": func.name()}
+        return out
+
+
+class _ReadOnce:
+    """Items handed over as an iterator that counts how often it is read; a second read finds nothing."""
+
+    def __init__(self, items):
+        self.items = iter(items)
+        self.reads = 0
+
+    def __iter__(self):
+        self.reads += 1
+        return self.items
+
+    def __next__(self):
+        return next(self.items)
+
+
+def watched(fn, args: tuple, kwargs: dict, read_once: bool = False) -> dict:
+    """``fn(*args, **kwargs)`` while every tensor its operators create is watched.
+
+    Returns the result; the largest tensor created (elements, shape, dtype, operator; None if none was);
+    the elements created in all; which arguments it changed in place (their positions); and, with
+    ``read_once`` (the first argument, a list, handed over as an iterator), how often it was read.
+    """
+    before = [[t.clone() for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)] for a in args]
+    handed = (_ReadOnce(args[0]), *args[1:]) if read_once else args
+    with _Created() as created:
+        result = fn(*handed, **kwargs)
+    now = [[t for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)] for a in args]
+    modified = [i for i, (old, new) in enumerate(zip(before, now)) if not all(map(torch.equal, old, new))]
+    return {"result": result, "largest": created.largest, "elements": created.elements, "modified": modified,
+            "reads": handed[0].reads if read_once else 1}

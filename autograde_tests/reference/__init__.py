@@ -15,6 +15,7 @@ CHAPTER_MODULES = {
     "transformer": ["positional_encoding", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing_loss",
                     "greedy_decode"],
     "decoder_only": ["RMSNorm", "apply_rotary", "DecoderBlock", "GPT", "lm_loss", "generate"],
+    "attention_at_scale": ["online_softmax", "tiled_attention"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_MODULES)
 

@@ -1,0 +1,361 @@
+"""Checks for chapter 07_attention_at_scale: ``online_softmax`` and ``tiled_attention``.
+
+Every call of the learner's function runs watched (``beside.watched``, next to the learner's code): the
+check learns the result, the largest tensor the call created and how many elements it created in all.
+The verdicts are taken here, from those numbers:
+
+- equality with the reference (itself proven against ``F.scaled_dot_product_attention``);
+- the memory bound: no tensor with m·n or more elements (a full score matrix) while ``tiled_attention``
+  runs, no tensor as large as the whole rows while ``online_softmax`` runs;
+- the work bound: causal ``tiled_attention`` creates about half the elements of the same call without the
+  mask, as skipping the tiles above the diagonal does;
+- one pass: ``online_softmax`` is given its chunks as an iterator and may read it once.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..reference import attention_at_scale as ref
+from ..remote.proxy import type_name
+from .attention import FORBIDDEN
+from .beside import watched
+from .harness import (
+    Inputs,
+    Mistake,
+    candidates,
+    close,
+    expect_device_agnostic,
+    expect_tensor,
+    fail,
+    forbid_ops,
+    learner_step,
+    name_the_mistake,
+    run_beside,
+    run_cases,
+    strict_numerics,
+)
+
+
+def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bool = False) -> dict:
+    """The learner's call, watched where it runs; a result that is not the probe's dict is a failure."""
+    report = learner_step(name, lambda: run_beside(watched, fn, args, kwargs or {}, read_once), args)
+    if not (isinstance(report, dict) and {"result", "largest", "elements", "modified", "reads"} <= report.keys()):
+        fail(name, "the grader could not watch your code run")
+    return report
+
+
+def _expect_unmodified(name: str, report: dict, arguments: tuple[str, ...]) -> None:
+    if report["modified"]:
+        fail(
+            name,
+            f"modified its input `{arguments[report['modified'][0]]}` in place",
+            "use out-of-place operations (x = x - m, torch.maximum, masked_fill) instead of -=, "
+            "masked_fill_ or slice assignment on an input.",
+        )
+
+
+def _largest(report: dict) -> tuple[int, str]:
+    """The elements of the largest tensor the call created, and a description of it for a message."""
+    largest = report["largest"]
+    if not isinstance(largest, dict):
+        return 0, ""
+    return int(largest.get("elements", 0)), f"a {largest.get('dtype')} tensor of shape {tuple(largest.get('shape', ()))} ({largest.get('op')})"
+
+
+# ------------------------------------------------------------------------------------ online_softmax
+
+
+@dataclass(frozen=True)
+class OnlineCase:
+    batch: tuple[int, ...]
+    sizes: tuple[int, ...]  # the chunks' lengths along the row
+    offset: float = 0.0  # scores around a large offset: exp without the maximum overflows
+
+
+VISIBLE_ONLINE = [OnlineCase((2, 3), (4, 5, 3)), OnlineCase((4,), (1, 6, 2, 7)), OnlineCase((3,), (5, 4), 800.0)]
+HIDDEN_ONLINE = [
+    OnlineCase((), (3, 3, 3, 3)),
+    OnlineCase((2, 2), (9,)),
+    OnlineCase((5,), (2, 1, 1, 6, 3, 2)),
+    OnlineCase((3, 2), (7, 8), -900.0),
+    OnlineCase((6,), (10, 1, 5)),
+]
+
+
+def _online_input(case: OnlineCase, seed: int) -> torch.Tensor:
+    """(..., n) rows whose scores rise along the row, so that most rows find a new maximum in a later chunk."""
+    draw = Inputs(seed)
+    n = sum(case.sizes)
+    return 2 * draw.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
+
+
+def _online(chunks, correction) -> torch.Tensor:
+    """The running sum l of an online softmax whose rescaling factor is ``correction(m_old, m_new)``."""
+    m = l = None
+    for x in chunks:
+        m_new = x.amax(-1, keepdim=True) if m is None else torch.maximum(m, x.amax(-1, keepdim=True))
+        terms = torch.exp(x - m_new).sum(-1, keepdim=True)
+        l, m = (terms if l is None else l * correction(m, m_new) + terms), m_new
+    return l
+
+
+ONLINE_MISTAKES = [
+    Mistake(
+        "the running sum was not rescaled when the maximum grew: the terms added before still count as "
+        "exp(x - m_old) (the factor exp(m_old - m_new) is missing, or the maximum was overwritten before it "
+        "was taken, which makes it exp(m_new - m_new) = 1)",
+        "keep the old maximum until the sum is updated: m_new = max(m, chunk max); "
+        "l = l * exp(m - m_new) + sum(exp(chunk - m_new)); then m = m_new.",
+        lambda chunks: _online(chunks, lambda m, m_new: 1.0),
+    ),
+    Mistake(
+        "the running sum was rescaled the wrong way, by exp(m_new - m_old): it grows when the maximum grows",
+        "the old terms shrink relative to a larger maximum: multiply l by exp(m_old - m_new), which is <= 1.",
+        lambda chunks: _online(chunks, lambda m, m_new: torch.exp(m_new - m)),
+    ),
+]
+
+
+def check_online_softmax(online_softmax, hidden: bool = False) -> None:
+    """Check a learner's ``online_softmax(chunks) -> (m, l)``: the row maximum and sum(exp(x - m)), one pass."""
+    name = "online_softmax"
+    cases = HIDDEN_ONLINE if hidden else VISIBLE_ONLINE
+    seed = 7100 if hidden else 7000
+
+    def check_case(i: int, case: OnlineCase, device, dtype) -> None:
+        x64 = _online_input(case, seed + i)
+        expected_m = x64.amax(-1, keepdim=True)
+        expected_l = torch.exp(x64 - expected_m).sum(-1, keepdim=True)
+        x = x64.to(dtype=dtype, device=device)
+        chunks = [c.clone() for c in x.split(case.sizes, dim=-1)]
+        report = _watch(name, online_softmax, (chunks,), read_once=True)
+        _expect_unmodified(name, report, ("chunks",))
+        if report["reads"] != 1:
+            fail(
+                name,
+                f"reads the chunks {report['reads']} times; they come as an iterator, which can be read once",
+                "in one loop over the chunks, keep a running maximum m and a running sum l, rescaling l "
+                "by exp(m_old - m_new) whenever the maximum grows.",
+            )
+        elements, what = _largest(report)
+        if elements >= x.numel() and x.dim() > 0 and len(case.sizes) > 1:
+            fail(name, f"joined the chunks into whole rows: {what} is as large as all the rows together",
+                 "work on one chunk at a time: all you need to keep between chunks is m and l, one number per row.")
+        result = report["result"]
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(name, f"should return a tuple (m, l), got {type_name(result)}")
+        m, l = result
+        expect_tensor(name, "m", m, expected_m.shape, like=x)
+        expect_tensor(name, "l", l, expected_l.shape, like=x)
+        if not torch.isfinite(l).all():
+            fail(name, f"l is inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
+                 "subtract the running maximum before exp: sum(exp(chunk - m_new)).")
+        if not close(m, expected_m):
+            name_the_mistake(name, "m, the maximum of each row,", m, expected_m, [])
+        if not close(l, expected_l):
+            name_the_mistake(name, "l, the sum of exp(x - m) over each row,", l, expected_l,
+                             candidates(ONLINE_MISTAKES, [c.double().cpu() for c in chunks]))
+
+    with strict_numerics():
+        run_cases(name, cases, check_case)
+
+
+# ----------------------------------------------------------------------------------- tiled_attention
+
+
+@dataclass(frozen=True)
+class TiledCase:
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    d_k: int
+    d_v: int
+    block_q: int
+    block_k: int
+    causal: bool = False
+
+    def watched_for_memory(self) -> bool:
+        """Whether every tensor an honest tiled attention makes (inputs, output, a tile of scores) is smaller
+        than m·n, so that the memory bound tells a full score matrix apart."""
+        heads = math.prod(self.batch)
+        sizes = (self.m * self.d_k, self.n * self.d_k, self.n * self.d_v, self.m * self.d_v,
+                 min(self.block_q, self.m) * min(self.block_k, self.n))
+        return self.n > 0 and heads * max(sizes) < self.m * self.n
+
+
+# Lengths that the blocks do not divide, m != n both ways, and n = 0 (every query fully masked: zeros).
+VISIBLE_TILED = [
+    TiledCase((2,), 29, 37, 8, 6, 8, 16),
+    TiledCase((2,), 29, 37, 8, 6, 8, 8, causal=True),
+    TiledCase((2,), 41, 30, 8, 6, 16, 8, causal=True),
+    TiledCase((2,), 5, 0, 4, 3, 2, 2, causal=True),
+]
+HIDDEN_TILED = [
+    TiledCase((2, 3), 53, 47, 6, 7, 16, 8),
+    TiledCase((), 23, 31, 8, 4, 5, 7, causal=True),
+    TiledCase((3,), 40, 40, 8, 8, 16, 8, causal=True),
+    TiledCase((2,), 31, 64, 8, 8, 8, 16, causal=True),
+    TiledCase((2,), 9, 6, 4, 5, 64, 64),
+    TiledCase((3,), 4, 0, 5, 2, 3, 1),
+]
+
+
+def _tiled_inputs(case: TiledCase, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    draw = Inputs(seed)
+    return (draw.randn(*case.batch, case.m, case.d_k), draw.randn(*case.batch, case.n, case.d_k),
+            draw.randn(*case.batch, case.n, case.d_v))
+
+
+def _tiled(q, k, v, block_q, block_k, causal, *, rescale_acc=True, correction=True, divide_each_tile=False,
+           diagonal_seen=True, diagonal_masked=True):
+    """Tiled attention as a learner might write it, wrong in the ways the flags say (all True/False: right)."""
+    n, outputs = k.size(-2), []
+    for i in range(0, q.size(-2), block_q):
+        q_i = q[..., i:i + block_q, :] / math.sqrt(q.size(-1))
+        rows = q_i.size(-2)
+        m_i = q.new_full((*q_i.shape[:-1], 1), float("-inf"))
+        l_i, acc = q.new_zeros(*q_i.shape[:-1], 1), q.new_zeros(*q_i.shape[:-1], v.size(-1))
+        for j in range(0, min(n, i + rows) if causal else n, block_k):
+            s = q_i @ k[..., j:j + block_k, :].transpose(-2, -1)
+            if causal and diagonal_masked:
+                query = torch.arange(i, i + rows)[:, None]
+                key = torch.arange(j, j + s.size(-1))[None, :]
+                s = s.masked_fill(key > query if diagonal_seen else key >= query, float("-inf"))
+            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))
+            p = torch.exp(s - m_new).nan_to_num(0.0)
+            factor = torch.exp(m_i - m_new).nan_to_num(0.0) if correction else torch.ones_like(m_i)
+            l_i = l_i * factor + p.sum(-1, keepdim=True)
+            acc = (acc * factor if rescale_acc else acc) + p @ v[..., j:j + block_k, :]
+            if divide_each_tile:
+                acc = acc / l_i
+            m_i = m_new
+        outputs.append(acc if divide_each_tile else torch.where(l_i > 0, acc / l_i, 0.0))
+    return torch.cat(outputs, dim=-2)
+
+
+def _last_partial_key_block_dropped(q, k, v, block_q, block_k, causal):
+    whole = k.size(-2) // block_k * block_k
+    if whole == k.size(-2):
+        return None  # nothing to drop: the mistake does not show on this case
+    return ref.tiled_attention(q, k[..., :whole, :], v[..., :whole, :], block_q, block_k, causal)
+
+
+TILED_MISTAKES = [
+    Mistake(
+        "the accumulator was not rescaled when the maximum grew: the sum l was multiplied by "
+        "exp(m_old - m_new), but the running sum of exp(s - m) v was not",
+        "both running sums are relative to the maximum: acc = acc * exp(m_old - m_new) + exp(s - m_new) @ v_j.",
+        lambda *a: _tiled(*a, rescale_acc=False),
+    ),
+    Mistake(
+        "nothing was rescaled when the maximum grew: the maximum was overwritten with the new one before the "
+        "factor exp(m_old - m_new) was taken, so the factor was 1",
+        "compute m_new first, then the factor exp(m_i - m_new), update l and the accumulator with it, "
+        "and only then set m_i = m_new.",
+        lambda *a: _tiled(*a, correction=False),
+    ),
+    Mistake(
+        "the accumulator was divided by the sum after every tile instead of once at the end: later tiles then "
+        "add unnormalised terms to a normalised average",
+        "keep acc = sum of exp(s - m) v unnormalised through all the tiles of keys; divide by l after the last one.",
+        lambda *a: _tiled(*a, divide_each_tile=True),
+    ),
+    Mistake(
+        "off by one at the diagonal: inside the tiles on the diagonal, a query cannot see its own key",
+        "query i may attend to keys 0 .. i, itself included: hide key j only when j > i (global positions).",
+        lambda *a: _tiled(*a, diagonal_seen=False) if a[5] else None,
+    ),
+    Mistake(
+        "the tiles on the diagonal were not masked: a query sees the later keys of its own tile",
+        "skipping the tiles above the diagonal is not enough: in a tile that crosses it, fill the scores of "
+        "keys j > i with -inf (global positions: i from the query block's start, j from the key block's).",
+        lambda *a: _tiled(*a, diagonal_masked=False) if a[5] else None,
+    ),
+    Mistake(
+        "the last partial block of keys was dropped: n is not a multiple of block_k, and the last keys "
+        "were never attended to",
+        "loop with range(0, n, block_k) and slice k[..., j:j + block_k, :]; the last slice is simply shorter.",
+        _last_partial_key_block_dropped,
+    ),
+]
+
+FULL_MATRIX_HINT = ("compute one (block_q, block_k) tile of scores at a time, keep a running maximum, sum and "
+                    "accumulator per query, and never make anything shaped like all the queries by all the keys "
+                    "(scores, weights, or a mask).")
+
+
+def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
+    """Check a learner's ``tiled_attention(q, k, v, block_q, block_k, causal=False) -> (..., m, d_v)``."""
+    name = "tiled_attention"
+    cases = HIDDEN_TILED if hidden else VISIBLE_TILED
+    seed = 7300 if hidden else 7200
+
+    def check_case(i: int, case: TiledCase, device, dtype) -> None:
+        _check_tiled_case(name, tiled_attention, case, seed + i, device, dtype)
+
+    def after() -> None:
+        causal = next(c for c in cases if c.causal and c.watched_for_memory())
+        _expect_half_the_work(name, tiled_attention, causal, seed + cases.index(causal))
+        plain = cases[0]
+        args = (*_tiled_inputs(plain, seed), plain.block_q, plain.block_k)
+        expect_device_agnostic(name, tiled_attention, args, {"causal": True})
+
+    with strict_numerics():
+        first = cases[0]
+        forbid_ops(name, tiled_attention, (*_tiled_inputs(first, seed), first.block_q, first.block_k),
+                   {"scaled_dot_product": FORBIDDEN["scaled_dot_product"]})
+        run_cases(name, cases, check_case, after=after)
+
+
+def _check_tiled_case(name, tiled_attention, case: TiledCase, seed: int, device, dtype) -> None:
+    inputs64 = _tiled_inputs(case, seed)
+    expected = F.scaled_dot_product_attention(*inputs64, is_causal=case.causal)
+    q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64)
+    report = _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": case.causal})
+    _expect_unmodified(name, report, ("q", "k", "v"))
+    elements, what = _largest(report)
+    if case.watched_for_memory() and elements >= case.m * case.n:
+        mask = " (as a mask)" if report["largest"].get("dtype") == "bool" else ""
+        fail(name, f"you built the full score matrix{mask}: {what} has m·n = {case.m}·{case.n} = {case.m * case.n} or "
+                   f"more elements (block_q={case.block_q}, block_k={case.block_k}, causal={case.causal})",
+             FULL_MATRIX_HINT)
+    out = report["result"]
+    if isinstance(out, torch.Tensor) and out.dim() == q.dim() and out.size(-2) == case.m // case.block_q * case.block_q < case.m:
+        fail(name, f"the last partial block of queries was dropped: m = {case.m} is not a multiple of "
+                   f"block_q = {case.block_q}, and the output has {out.size(-2)} rows",
+             "loop with range(0, m, block_q) and slice q[..., i:i + block_q, :]; the last slice is simply shorter.")
+    expect_tensor(name, "the output", out, expected.shape, like=q)
+    made = candidates(TILED_MISTAKES, *inputs64, case.block_q, case.block_k, case.causal)
+    if torch.isnan(out).any():
+        if case.n == 0:
+            fail(name, "NaN for queries with no key to attend to (n = 0): the sum l is 0, and 0/0 is NaN",
+                 "a query that may attend to nothing gets a zero output: divide only where l > 0, "
+                 "e.g. torch.where(l > 0, acc / l, 0.0).")
+        for mistake, result in made:  # a mistake that leaves a query no key shows as NaN in its row
+            if isinstance(result, torch.Tensor) and close(out.nan_to_num(0.0), result):
+                fail(name, mistake.problem, mistake.hint)
+        fail(name, "the result contains NaN", "exp(-inf - (-inf)) is NaN: is a running maximum still -inf when you use it?")
+    if not close(out, expected):
+        name_the_mistake(name, f"the output (causal={case.causal}, block_q={case.block_q}, block_k={case.block_k})",
+                         out, expected, made)
+
+
+def _expect_half_the_work(name, tiled_attention, case: TiledCase, seed: int) -> None:
+    """The causal call must create about as few elements, against the same call without the mask, as the tiles
+    it needs: halfway between that fraction and 1 is the limit (the bookkeeping per query block costs a little)."""
+    q, k, v = _tiled_inputs(case, seed)
+    made = {causal: _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": causal})["elements"]
+            for causal in (False, True)}
+    tiles = [math.ceil(min(case.n, i + case.block_q) / case.block_k) for i in range(0, case.m, case.block_q)]
+    needed = sum(tiles) / (len(tiles) * math.ceil(case.n / case.block_k))
+    if not (isinstance(made[False], int) and isinstance(made[True], int) and made[False] > 0):
+        fail(name, "the grader could not count the work your code does")
+    if made[True] > (needed + 1) / 2 * made[False]:
+        fail(name, f"causal attention does {made[True] / made[False]:.0%} of the work of the same call without the "
+                   f"mask (elements computed); skipping the tiles above the diagonal leaves about {needed:.0%} "
+                   f"(m={case.m}, n={case.n}, block_q={case.block_q}, block_k={case.block_k})",
+             "for the query block starting at i, loop over keys only up to i + block_q (the block's last query + 1): "
+             "the tiles beyond it are all -inf and add nothing.")
