@@ -1,5 +1,6 @@
-"""The course on a real JupyterHub (``make hub``'s ``Hub``), driven in Chromium through the hub's pages:
-the instructor releases chapter 1 through the exchange, two learners log in, fetch it from the
+"""The course on a real JupyterHub (``make hub``'s ``Hub``), driven in Chromium through the hub's pages
+(the instructor's commands typed into a terminal of their JupyterLab): the instructor releases chapter 1
+through the exchange, two learners log in, fetch it from the
 *Assignments* tab, answer in the notebook (one correctly, one with the chapter's typical mistake),
 validate and submit; the instructor collects, runs ``make grade`` and releases feedback; each learner
 fetches their own feedback. Neither learner can open the other's work or the instructor's solutions.
@@ -11,7 +12,6 @@ Skipped only where Chromium or npm (the hub's proxy) is missing. Each step's wal
 import os
 import re
 import shutil
-import subprocess
 import time
 from contextlib import contextmanager
 
@@ -73,14 +73,25 @@ def log_in(instance, hub: Hub, name: str):
     return page
 
 
-def as_instructor(hub: Hub, command: str) -> str:
-    """``command`` run as the instructor's account, in the course folder, with the environment the
-    instructor's terminals on the hub have."""
-    env = hub.server_env() | {"HOME": str(hub.course), "USER": hub.instructor}
-    done = subprocess.run(["runuser", "-u", hub.instructor, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                           "bash", "-c", f"cd && {command}"], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
+def in_terminal(page, hub: Hub, command: str) -> str:
+    """``command`` typed into a new terminal of the instructor's JupyterLab, in the course folder (the
+    instructor's home); fails with its output unless it succeeds."""
+    log, status = hub.course / ".step.log", hub.course / ".step.status"
+    status.unlink(missing_ok=True)
+    page.goto(f"{hub.url}user/{hub.instructor}/lab/workspaces/terminal?reset")  # only the launcher
+    with page.expect_websocket(lambda ws: "terminals/websocket" in ws.url, timeout=LONG) as opened:
+        page.locator(".jp-LauncherCard").filter(has_text="Terminal").click(timeout=LONG)
+    # Keys typed before the shell's first output would be lost: wait for its prompt.
+    opened.value.expect_event("framereceived", lambda frame: "stdout" in str(frame), timeout=LONG)
+    page.locator(".jp-Terminal .xterm-helper-textarea").focus()
+    page.keyboard.type(f"cd && ({command}) > {log.name} 2>&1; echo $? > {status.name}\n")
+    deadline = time.monotonic() + 600
+    while not status.is_file() or not status.read_text().strip():
+        assert time.monotonic() < deadline, f"{command}: no end after 10 minutes"
+        time.sleep(0.5)
+    output = log.read_text()
+    assert status.read_text().strip() == "0", f"{command}:\n{output}"
+    return output
 
 
 def open_assignments(page):
@@ -139,8 +150,8 @@ def test_the_course_runs_on_a_jupyterhub(hub):
             teacher.get_by_text("Nbgrader", exact=True).click()
             teacher.get_by_text("Formgrader", exact=True).wait_for()
             teacher.keyboard.press("Escape")
-        with steps("instructor releases chapter 1 (nbgrader release_assignment)"):
-            as_instructor(hub, f"nbgrader release_assignment {CHAPTER}")
+        with steps("instructor releases chapter 1 in a terminal (nbgrader release_assignment)"):
+            in_terminal(teacher, hub, f"nbgrader release_assignment {CHAPTER}")
         pages = {}
         for name in (ada, bob):
             with steps(f"{name} logs in and fetches chapter 1 from the Assignments tab"):
@@ -163,11 +174,11 @@ def test_the_course_runs_on_a_jupyterhub(hub):
                     timeout=LONG)
         assert "Success" in said[ada], said[ada]
         assert MISTAKE_MESSAGE in said[bob], said[bob]
-        with steps("instructor collects and runs make grade"):
-            as_instructor(hub, f"nbgrader collect {CHAPTER}")
-            as_instructor(hub, f'make -C {REPO} grade ARGS="--course $HOME --chapter {CHAPTER}"')
-        with steps("instructor releases the feedback (nbgrader release_feedback)"):
-            as_instructor(hub, f"nbgrader release_feedback {CHAPTER}")
+        with steps("instructor collects and runs make grade in a terminal"):
+            in_terminal(teacher, hub, f"nbgrader collect {CHAPTER}")
+            in_terminal(teacher, hub, f'make -C {REPO} grade ARGS="--course $HOME --chapter {CHAPTER}"')
+        with steps("instructor releases the feedback in a terminal (nbgrader release_feedback)"):
+            in_terminal(teacher, hub, f"nbgrader release_feedback {CHAPTER}")
         feedback = {}
         for name in (ada, bob):
             with steps(f"{name} fetches the feedback and reads it"):

@@ -152,6 +152,10 @@ class Hub:
             f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
             f"c.Exchange.root = {str(self.exchange)!r}\n"
         )
+        # Terminals run a plain shell: a login shell would reset PATH (/etc/profile) and lose the
+        # course's environment, nbgrader and make grade's Python with it.
+        (folder / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"terminado_settings": {"shell_command": ["/bin/bash"]}}}))
 
     def _hub_config(self, state: Path) -> dict:
         return {
