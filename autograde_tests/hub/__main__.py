@@ -15,8 +15,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--instructor", default="instructor", help="the instructor's account name")
     parser.add_argument("--learners", default="learner1,learner2", help="learners' account names, comma-separated")
     args = parser.parse_args(argv)
-    # Ctrl-C and a plain kill both end the hub the same way: through Hub's exit.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-C and a plain kill both end the hub the same way, through Hub's exit (SIGINT too: a shell that
+    # starts the hub in the background would otherwise have it ignored).
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, signal.default_int_handler)
     hub = Hub(args.proxy, args.instructor, tuple(n for n in args.learners.split(",") if n), args.port)
     try:
         with hub:
