@@ -8,6 +8,7 @@ folders, and puts back the folder modes it changed. The test drives the same ``H
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,8 @@ from .accounts import HubError
 COURSE_ID = "attention-step-by-step"
 REPO = Path(autograde_tests.__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+# What useradd accepts by default, and what JupyterHub keeps as typed (it lower-cases login names).
+ACCOUNT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 @dataclass
@@ -39,11 +42,11 @@ class Hub:
     instructor: str = "instructor"
     learners: tuple[str, ...] = ("learner1", "learner2")
     port: int = 8000
-    root: Path | None = None
-    passwords: dict[str, str] = field(default_factory=dict)
-    _made: list[str] = field(default_factory=list)
-    _modes: dict[Path, int] = field(default_factory=dict)
-    _process: subprocess.Popen | None = None
+    root: Path | None = field(default=None, init=False)
+    passwords: dict[str, str] = field(default_factory=dict, init=False)
+    _made: list[str] = field(default_factory=list, init=False)
+    _modes: dict[Path, int] = field(default_factory=dict, init=False)
+    _process: subprocess.Popen | None = field(default=None, init=False)
 
     @property
     def url(self) -> str:
@@ -71,8 +74,7 @@ class Hub:
 
     def __enter__(self) -> "Hub":
         self._check()
-        if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="attention-hub-"))
+        self.root = Path(tempfile.mkdtemp(prefix="attention-hub-"))
         try:
             self._prepare()
             self._start()
@@ -91,18 +93,21 @@ class Hub:
         self._modes.clear()
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
+            self.root = None
 
     def _check(self) -> None:
-        if os.geteuid() != 0:
-            raise HubError("make hub creates the course's accounts as system users: run it as root")
-        if not os.access(self.proxy, os.X_OK):
-            raise HubError(f"no proxy at {self.proxy}: run `make proxy` (it needs npm)")
         names = [self.instructor, *self.learners]
         if len(set(names)) != len(names):
             raise HubError("the instructor and the learners need distinct account names")
         for name in names:
-            if accounts.exists(name):
-                raise HubError(f"a user named {name!r} already exists on this machine: choose other account names")
+            if not ACCOUNT_NAME.fullmatch(name):
+                raise HubError(f"{name!r} is not an account name: lower-case letters, digits, _ and -, "
+                               "starting with a letter, at most 32 characters")
+            accounts.refuse_taken(name)
+        if os.geteuid() != 0:
+            raise HubError("make hub creates the course's accounts as system users: run it as root")
+        if not os.access(self.proxy, os.X_OK):
+            raise HubError(f"no proxy at {self.proxy}: run `make proxy` (it needs npm)")
 
     def _prepare(self) -> None:
         self.root.chmod(0o755)
@@ -178,7 +183,7 @@ class Hub:
                 "cmd": [str(VENV_BIN / "jupyterhub-singleuser")],
                 "environment": self.server_env(),
                 "default_url": "/lab",
-                # A first JupyterLab start on a busy machine imports PyTorch-heavy extensions slowly.
+                # JupyterLab's first start on a busy machine can take over a minute.
                 "start_timeout": 180,
                 "http_timeout": 180,
             },
@@ -189,8 +194,8 @@ class Hub:
         state.mkdir(mode=0o700)
         config = state / "jupyterhub_config.json"
         config.write_text(json.dumps(self._hub_config(state), indent=1))
-        self.log = state / "jupyterhub.log"
-        with open(self.log, "w") as log:
+        log_file = state / "jupyterhub.log"
+        with open(log_file, "w") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=state,
                 env=os.environ | {"PATH": self.server_env()["PATH"]},
@@ -202,7 +207,9 @@ class Hub:
                 return
             except OSError:
                 if self._process.poll() is not None or time.monotonic() > deadline:
-                    raise HubError(f"JupyterHub did not start; see {self.log}")
+                    # The state folder goes with the hub: say its last words here.
+                    last = (log_file.read_text().strip().splitlines() or ["no log"])[-1]
+                    raise HubError(f"JupyterHub did not start: {last}")
                 time.sleep(0.5)
 
     def _stop(self) -> None:

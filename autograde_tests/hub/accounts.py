@@ -41,10 +41,14 @@ def exists(name: str) -> bool:
     return True
 
 
-def add(name: str, home: Path) -> None:
-    """A system user ``name`` with its own group and a home only it can open."""
+def refuse_taken(name: str) -> None:
+    """The hub makes its accounts and removes them after: it never takes over an existing user."""
     if exists(name):
         raise HubError(f"a user named {name!r} already exists on this machine: choose other account names")
+
+
+def add(name: str, home: Path) -> None:
+    """A system user ``name`` with its own group and a home only it can open."""
     subprocess.run(["useradd", "--home-dir", str(home), "--create-home", "--user-group",
                     "--shell", "/bin/bash", name], check=True, capture_output=True)
     home.chmod(0o700)
