@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor test release grade bench train demo clean
+.PHONY: venv book book-instructor lab-instructor proxy hub test release grade bench train demo clean
 
 venv: $(VENV)/.installed
 
@@ -14,6 +14,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
+	# The environment is the learners': nbgrader's instructor parts (formgrader, Create Assignment, course
+	# list) are off; `make lab-instructor` and the hub's instructor account turn them on (jupyter/instructor/).
+	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader:formgrader \
+		@jupyter/nbgrader:course-list @jupyter/nbgrader:create-assignment
+	$(BIN)/jupyter server extension disable --sys-prefix nbgrader.server_extensions.formgrader \
+		nbgrader.server_extensions.course_list
 	touch $@
 
 ## Build the book to _build/html (chapter code executed and cached, warnings are errors).
@@ -25,8 +31,26 @@ book-instructor: venv
 	$(BIN)/jupyter-book build book --path-output _build/instructor --config _config.yml \
 		--toc $(abspath book/_toc_instructor.yml) -W -n --keep-going
 
-## Run the whole test suite (both editions of the book are built first: their tests read the pages).
-test: book book-instructor
+## JupyterLab for the instructor: the learners' parts and nbgrader's instructor tools (formgrader, Create Assignment).
+lab-instructor: venv
+	JUPYTER_CONFIG_PATH=$(abspath jupyter/instructor) $(BIN)/jupyter lab
+
+## The proxy JupyterHub runs in front of the hub (configurable-http-proxy, pinned in hub/package-lock.json).
+HUB_PROXY := hub/node_modules/.bin/configurable-http-proxy
+proxy: $(HUB_PROXY)
+
+$(HUB_PROXY): hub/package.json hub/package-lock.json
+	npm ci --prefix hub --no-audit --no-fund
+	touch $@
+
+## A local JupyterHub for the course: an instructor and learners, nbgrader's exchange; Ctrl-C stops it and
+## removes everything it made. Run as root (it creates the accounts). Options in ARGS, e.g. ARGS="--port 8001".
+hub: venv proxy
+	$(BIN)/python -m autograde_tests.hub --proxy $(abspath $(HUB_PROXY)) $(ARGS)
+
+## Run the whole test suite (both editions of the book are built first: their tests read the pages; the hub's
+## proxy is installed where npm is, and the hub's browser test is skipped where it is not).
+test: book book-instructor $(if $(shell command -v npm),proxy)
 	$(BIN)/python -m pytest
 
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate

@@ -1,32 +1,103 @@
-"""JupyterLab with nbgrader's extension, on localhost against a scratch copy of the course:
-the formgrader lists every chapter as an assignment."""
+"""JupyterLab with nbgrader's extension, on localhost against a scratch copy of the course: with the
+instructor's configuration (as `make lab-instructor` starts it) the formgrader lists every chapter as an
+assignment; without it (the course's environment as learners get it) there is no formgrader."""
 
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from autograde_tests import course
+from autograde_tests.hub import free_port
 
-from . import browser as b
+from .browser import browser, chromium
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "course-test-token"
+INSTRUCTOR_PARTS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
+                    "@jupyter/nbgrader:create-assignment"]
 
 
-@pytest.fixture(scope="module")
-def jupyterlab(tmp_path_factory):
-    b.chromium()  # skip before starting anything when there is no browser
+@contextlib.contextmanager
+def running_lab(tmp_path_factory, instructor: bool):
+    """JupyterLab on a scratch course, with the instructor's configuration or as the course's environment
+    has it (the learners')."""
     root = course.scratch_course(REPO, tmp_path_factory.mktemp("course"))
     for chapter in course.chapters(root):
         course.release(root, chapter)
-    with b.jupyterlab(root, tmp_path_factory.mktemp("jupyter"), TOKEN) as base:
+    port = free_port()
+    scratch = tmp_path_factory.mktemp("jupyter")
+    env = os.environ | {
+        "JUPYTER_CONFIG_DIR": str(scratch / "config"),
+        "JUPYTER_RUNTIME_DIR": str(scratch / "runtime"),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+    }
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    if instructor:
+        env["JUPYTER_CONFIG_PATH"] = str(REPO / "jupyter" / "instructor")
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+               "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"]
+    log = open(scratch / "jupyterlab.log", "w")
+    server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}api/status?token={TOKEN}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start; see {scratch / 'jupyterlab.log'}")
+                time.sleep(0.5)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def instructor_lab(tmp_path_factory):
+    chromium()  # skip before starting anything when there is no browser
+    with running_lab(tmp_path_factory, instructor=True) as base:
         yield base
 
 
-def test_formgrader_lists_every_chapter(jupyterlab):
-    with b.browser() as instance:
+@pytest.fixture(scope="module")
+def learner_lab(tmp_path_factory):
+    with running_lab(tmp_path_factory, instructor=False) as base:
+        yield base
+
+
+def test_formgrader_lists_every_chapter(instructor_lab):
+    with browser() as instance:
         page = instance.new_page()
-        page.goto(f"{jupyterlab}formgrader?token={TOKEN}", wait_until="load")
+        page.goto(f"{instructor_lab}formgrader?token={TOKEN}", wait_until="load")
         for chapter in course.chapters(REPO):
             page.get_by_text(chapter, exact=True).first.wait_for(timeout=30000)
         page.close()
+
+
+def disabled_parts(base: str) -> list[str]:
+    """The JupyterLab plugins the page at ``base`` turns off, from its page configuration."""
+    page = urllib.request.urlopen(f"{base}lab?token={TOKEN}", timeout=30).read().decode()
+    return json.loads(re.search(r'"disabledExtensions": (\[[^]]*\])', page).group(1))
+
+
+def test_learners_get_no_formgrader_and_no_instructor_tools(learner_lab):
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(f"{learner_lab}formgrader?token={TOKEN}", timeout=30)
+    assert set(INSTRUCTOR_PARTS) <= set(disabled_parts(learner_lab))
+
+
+def test_the_instructor_gets_every_part(instructor_lab):
+    assert not set(INSTRUCTOR_PARTS) & set(disabled_parts(instructor_lab))

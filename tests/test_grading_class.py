@@ -22,6 +22,7 @@ from autograde_tests import course, nbgrader_course
 from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 
 REPO = Path(__file__).resolve().parents[1]
+COLLECTED = {"timestamp.txt": "2026-01-05 10:00:00.000000 UTC", "submission_secret.txt": "a1b2c3"}
 LIMITS = ["--jobs", "2", "--timeout", "120", "--cell-timeout", "10", "--memory", "3", "--output", "200000"]
 
 
@@ -63,7 +64,9 @@ def graded(tmp_path_factory, answers_server):
             (folder / name).write_text("raise SystemExit('a submitted file shadowed torch')\n")
     for chapter in course.chapters(root):
         if chapter != CHAPTER:
-            course.submit(root, "correct", chapter, course.solved(root, chapter))
+            folder = course.submit(root, "correct", chapter, course.solved(root, chapter)).parent
+            for name, text in COLLECTED.items():  # as `nbgrader collect` leaves them
+                (folder / name).write_text(text)
     run = grade(root)
     assert run.returncode == 0, run.stderr[-3000:]
     return root, run
@@ -135,6 +138,15 @@ def test_feedback_shows_messages_but_not_hidden_tests(graded):
     assert "softmax, hidden=True)" not in html and "attention, hidden=True)" not in html
     assert "BEGIN HIDDEN TESTS" not in html
     assert "harness.py" not in html  # the checks' frames are never shown
+
+
+def test_feedback_keeps_what_nbgrader_release_feedback_reads(graded):
+    root, _ = graded
+    for chapter in course.chapters(root):
+        if chapter != CHAPTER:
+            for folder in ("autograded", "feedback"):
+                for name, text in COLLECTED.items():
+                    assert (root / folder / "correct" / chapter / name).read_text() == text
 
 
 def test_class_report_has_plots_failure_rates_and_mistakes(graded):

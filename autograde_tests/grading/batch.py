@@ -189,13 +189,18 @@ def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict) -> Outcome:
     outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
     if outcome.status != "graded":
         return outcome
-    staged = {}
+    staged, submitted = {}, course / "submitted" / pair.student / pair.chapter
     for folder, suffix, text in (("autograded", "ipynb", result["autograded"]), ("feedback", "html", result["feedback"])):
         destination = course / folder / pair.student / pair.chapter
         staged[destination] = destination.with_name(f".{pair.chapter}.new")
         shutil.rmtree(staged[destination], ignore_errors=True)
         staged[destination].mkdir(parents=True)
         (staged[destination] / f"{pair.chapter}.{suffix}").write_text(text)
+        # nbgrader's release_feedback finds each learner's feedback in the exchange by these two files,
+        # which nbgrader collect leaves beside the submission and nbgrader autograde carries along.
+        for name in ("timestamp.txt", "submission_secret.txt"):
+            if (submitted / name).is_file():
+                shutil.copy2(submitted / name, staged[destination] / name)
     with nbgrader_course.gradebook(course) as book:
         book.update_or_create_student(pair.student)
         book.update_or_create_submission(pair.chapter, pair.student)
