@@ -63,7 +63,8 @@ def test_chapter_page_has_the_course_structure(html, chapter):
     text = (html / f"{chapter}.html").read_text()
     for part in ("Learning goals", "Prerequisites", "Estimated time", "Summary", "Questions to think about"):
         assert part in text, f"{chapter}.html lacks '{part}'"
-    assert re.search(rf'href="_downloads/[^"]+/{chapter}\.ipynb"', text), f"{chapter}.html offers no notebook download"
+    assert f'download="{chapter}.ipynb" href="data:application/x-ipynb+json;base64,' in text, (
+        f"{chapter}.html offers no notebook download")
     assert "sd-dropdown" in text, f"{chapter}.html has no folded hint"
     assert re.search(r"(easy|medium|hard)\)", text), f"{chapter}.html does not state each exercise's difficulty"
     assert 'href="glossary.html#term-' in text, f"{chapter}.html links no term to the glossary"
