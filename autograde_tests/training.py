@@ -196,7 +196,8 @@ def smoothed_loss(model: Transformer, src, tgt, label_smoothing: float) -> tuple
     if label_smoothing == 0:
         loss = teacher_forcing_loss(model, src, tgt, PAD)
         return loss, loss
-    logits = model(src, tgt[:, :-1]).flatten(0, 1)  # (B * (T - 1), V)
+    decoder_input = tgt[:, :-1]  # (B, T - 1): the target shifted right, as in teacher_forcing_loss
+    logits = model(src, decoder_input, src != PAD, decoder_input != PAD).flatten(0, 1)  # (B * (T - 1), V)
     labels = tgt[:, 1:].flatten()  # (B * (T - 1),)
     objective = nn.functional.cross_entropy(logits, labels, ignore_index=PAD, label_smoothing=label_smoothing)
     with torch.no_grad():

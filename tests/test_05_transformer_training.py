@@ -117,3 +117,23 @@ def test_the_cached_runs_in_the_book_reach_99_percent_for_both_placements():
         assert run["exact_match"] >= 0.99 and run["config"]["eval_size"] >= 1000
         assert len(run["loss"]) == run["config"]["steps"] // run["loss_every"]
     assert sum(path.stat().st_size for path in CACHED_RUNS) < 40_000
+
+
+def test_the_paper_schedule_warms_up_linearly_then_decays_as_the_inverse_square_root():
+    config = Config(schedule="paper", d_model=64, warmup=100, steps=1000)
+    rates = [training.learning_rate(config, step) for step in range(1000)]
+    peak = max(range(1000), key=rates.__getitem__)
+    assert peak == 99 and rates[99] == pytest.approx((64 * 100) ** -0.5)  # (d_model * warmup) ** -0.5
+    assert rates[49] == pytest.approx(rates[99] / 2)  # linear before the peak
+    assert rates[399] == pytest.approx(rates[99] / 2)  # 1 / sqrt(step) after it: four times the steps, half the rate
+
+
+def test_without_smoothing_the_objective_is_the_teacher_forcing_loss():
+    torch.manual_seed(0)
+    model = training.Transformer(16, 16, 16, 2, 1, 32)
+    src, tgt = to_batch([[1, 2, 3], [4]], "reverse")
+    objective, loss = training.smoothed_loss(model, src, tgt, 0.0)
+    torch.testing.assert_close(objective, training.teacher_forcing_loss(model, src, tgt, PAD))
+    smoothed, plain = training.smoothed_loss(model, src, tgt, 0.1)
+    torch.testing.assert_close(plain, loss)
+    assert smoothed > plain  # smoothing charges for confidence: the objective sits above the plain loss here
