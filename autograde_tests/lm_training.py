@@ -44,6 +44,7 @@ class Config:
     steps: int = 1200
     lr: float = 3e-3
     warmup: int = 100
+    schedule: str = "cosine"  # training.learning_rate's warm-up then cosine decay
     eval_every: int = 100
     eval_batches: int = 8
     seed: int = 0
