@@ -1,15 +1,21 @@
-"""Shared pieces of the browser tests: find Chromium, serve a folder on localhost, open pages."""
+"""Shared pieces of the browser tests: find Chromium, serve a folder or JupyterLab on localhost, open pages."""
 
 import contextlib
 import functools
 import http.server
 import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from autograde_tests.hub import free_port
 
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -42,6 +48,46 @@ def serve(folder: Path) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def jupyterlab(root: Path, scratch: Path, token: str, config_path: Path | None = None) -> Iterator[str]:
+    """JupyterLab from the course's environment serving ``root`` on a free localhost port, with its own
+    configuration and runtime folders in ``scratch`` and, if given, ``config_path`` as JUPYTER_CONFIG_PATH
+    (the instructor's parts); yields the base URL, stops the server after."""
+    port = free_port()
+    env = os.environ | {
+        "JUPYTER_CONFIG_DIR": str(scratch / "config"),
+        "JUPYTER_RUNTIME_DIR": str(scratch / "runtime"),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+    }
+    env.pop("JUPYTER_CONFIG_PATH", None)
+    if config_path is not None:
+        env["JUPYTER_CONFIG_PATH"] = str(config_path)
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
+               "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    log = open(scratch / "jupyterlab.log", "w")
+    server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start; see {scratch / 'jupyterlab.log'}")
+                time.sleep(0.5)
+        yield base
+    finally:
+        server.terminate()  # JupyterLab shuts its kernels down first: slow on a busy machine
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

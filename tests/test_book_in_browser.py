@@ -121,14 +121,15 @@ def test_every_chapter_page_was_loaded():
 
 
 @pytest.mark.parametrize("chapter", course.chapters(REPO))
-def test_exercise_link_downloads_the_notebook_from_a_book_opened_as_files(chapter):
-    """As the README says to read it: ``_build/html/<chapter>.html`` opened as a file, not served."""
-    with browser() as chromium:
-        page = chromium.new_page(accept_downloads=True)
-        page.goto((HTML / f"{chapter}.html").as_uri(), wait_until="load")
-        with page.expect_download(timeout=30000) as download:
-            page.locator(f'a[download="{chapter}.ipynb"]').first.click()
-        saved = Path(download.value.path())
-        assert download.value.suggested_filename == f"{chapter}.ipynb"
-        assert saved.read_bytes() == (REPO / "notebooks" / chapter / f"{chapter}.ipynb").read_bytes()
-        page.close()
+def test_exercise_link_downloads_the_notebook_from_a_book_opened_as_files(site, chapter):
+    """As the README says to read it: ``_build/html/<chapter>.html`` opened as a file, not served. (The
+    module's browser is reused: a second Playwright inside the first one's event loop cannot start.)"""
+    _, chromium = site
+    page = chromium.new_page(accept_downloads=True)
+    page.goto((HTML / f"{chapter}.html").as_uri(), wait_until="load")
+    with page.expect_download(timeout=30000) as download:
+        page.locator(f'a[download="{chapter}.ipynb"]').first.click()
+    saved = Path(download.value.path())
+    assert download.value.suggested_filename == f"{chapter}.ipynb"
+    assert saved.read_bytes() == (REPO / "notebooks" / chapter / f"{chapter}.ipynb").read_bytes()
+    page.close()

@@ -4,11 +4,7 @@ assignment; without it (the course's environment as learners get it) there is no
 
 import contextlib
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from autograde_tests import course
-from autograde_tests.hub import free_port
 
-from .browser import browser, chromium
+from .browser import browser, chromium, jupyterlab
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "course-test-token"
@@ -33,36 +28,9 @@ def running_lab(tmp_path_factory, instructor: bool):
     root = course.scratch_course(REPO, tmp_path_factory.mktemp("course"))
     for chapter in course.chapters(root):
         course.release(root, chapter)
-    port = free_port()
-    scratch = tmp_path_factory.mktemp("jupyter")
-    env = os.environ | {
-        "JUPYTER_CONFIG_DIR": str(scratch / "config"),
-        "JUPYTER_RUNTIME_DIR": str(scratch / "runtime"),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-    }
-    env.pop("JUPYTER_CONFIG_PATH", None)
-    if instructor:
-        env["JUPYTER_CONFIG_PATH"] = str(REPO / "jupyter" / "instructor")
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-               "--ip=127.0.0.1", f"--IdentityProvider.token={TOKEN}", f"--ServerApp.root_dir={root}"]
-    log = open(scratch / "jupyterlab.log", "w")
-    server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}api/status?token={TOKEN}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start; see {scratch / 'jupyterlab.log'}")
-                time.sleep(0.5)
+    config_path = REPO / "jupyter" / "instructor" if instructor else None
+    with jupyterlab(root, tmp_path_factory.mktemp("jupyter"), TOKEN, config_path) as base:
         yield base
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
-        log.close()
 
 
 @pytest.fixture(scope="module")
