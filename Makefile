@@ -73,13 +73,18 @@ grade: venv
 bench: venv
 	$(BIN)/python -m autograde_tests.bench $(ARGS)
 
-## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN, then chapter 6's language model on
+## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN, then three runs of the paper's recipe (recipe/), then chapter 6's language model on
 ## Shakespeare (a few minutes each on a CPU); writes the cached runs the books plot, book/_static/05_transformer/*.json
 ## and book/_static/06_decoder_only/shakespeare.json (then `make clean book` redraws the pages: the execution
 ## cache notices changed code, not changed data).
 train: venv
 	$(BIN)/python -m autograde_tests.training --out book/_static/05_transformer/post_ln.json
 	$(BIN)/python -m autograde_tests.training --norm-first --out book/_static/05_transformer/pre_ln.json
+	$(BIN)/python -m autograde_tests.training --schedule paper --out book/_static/05_transformer/recipe/paper_schedule.json
+	$(BIN)/python -m autograde_tests.training --schedule paper --label-smoothing 0.1 --dropout 0.1 \
+		--out book/_static/05_transformer/recipe/paper_recipe.json
+	$(BIN)/python -m autograde_tests.training --label-smoothing 0.1 --dropout 0.1 \
+		--out book/_static/05_transformer/recipe/cosine_smoothing_dropout.json
 	$(BIN)/python -m autograde_tests.lm_training --out book/_static/06_decoder_only/shakespeare.json
 
 ## Grade three scratch students end to end and show where their feedback went.

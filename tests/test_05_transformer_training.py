@@ -137,3 +137,24 @@ def test_without_smoothing_the_objective_is_the_teacher_forcing_loss():
     smoothed, plain = training.smoothed_loss(model, src, tgt, 0.1)
     torch.testing.assert_close(plain, loss)
     assert smoothed > plain  # smoothing charges for confidence: the objective sits above the plain loss here
+
+
+def test_the_cached_recipe_runs_are_the_options_the_book_names():
+    runs = {p.stem: json.loads(p.read_text())["config"] for p in (CACHED_RUNS[0].parent / "recipe").glob("*.json")}
+    assert set(runs) == {"paper_schedule", "paper_recipe", "cosine_smoothing_dropout"}, "run `make train`"
+    assert runs["paper_schedule"]["schedule"] == "paper" and runs["paper_schedule"]["label_smoothing"] == 0
+    assert runs["paper_recipe"]["schedule"] == "paper"
+    for name in ("paper_recipe", "cosine_smoothing_dropout"):
+        assert runs[name]["label_smoothing"] == 0.1 and runs[name]["dropout"] == 0.1
+    assert runs["cosine_smoothing_dropout"]["schedule"] == "cosine"
+
+
+def test_the_paper_schedule_keeps_moving_where_the_cosine_run_settles():
+    """What the book's recipe section says of the cached runs: at d_model 64 the paper's rate stays high."""
+    def last_five(run):
+        return [e["exact_match"] for e in json.loads(run.read_text())["evaluations"][-5:]]
+
+    recipe = CACHED_RUNS[0].parent / "recipe"
+    assert max(last_five(recipe / "paper_schedule.json")) < 1.0
+    assert min(last_five(CACHED_RUNS[0].parent / "post_ln.json")) == 1.0
+    assert min(last_five(recipe / "cosine_smoothing_dropout.json")) == 1.0

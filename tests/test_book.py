@@ -14,7 +14,7 @@ HTML = REPO / "_build" / "html"
 FIGURES = {"01_attention": 4}
 FIGURES.update({"02_multi_head_attention": 3, "03_attention_variants": 3})
 FIGURES["04_ffn_layernorm_residual"] = 5
-FIGURES["05_transformer"] = 4
+FIGURES["05_transformer"] = 6
 FIGURES["06_decoder_only"] = 5
 FIGURES["07_attention_at_scale"] = 3
 
