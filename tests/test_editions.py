@@ -131,3 +131,13 @@ def test_grading_material_is_in_the_instructor_edition_only():
     assert "- file: instructor_guide" in (REPO / "book" / "_toc_instructor.yml").read_text()
     assert (INSTRUCTOR / "instructor_guide.html").is_file()
     assert "instructor_guide.html" not in (LEARNER / "intro.html").read_text()
+
+
+def test_answers_to_the_questions_are_in_the_instructor_edition_only():
+    assert (INSTRUCTOR / "answers.html").is_file()
+    assert "answers.html" in (INSTRUCTOR / "intro.html").read_text()  # its navigation lists the page
+    assert not (LEARNER / "answers.html").exists()
+    assert "answers.html" not in (LEARNER / "intro.html").read_text()
+    answers = (INSTRUCTOR / "answers.html").read_text()
+    for chapter in course.chapters(REPO):
+        assert f'href="{chapter}.html"' in answers, f"answers.html has no section linking back to {chapter}"
