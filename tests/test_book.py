@@ -105,12 +105,13 @@ def test_every_glossary_term_a_chapter_uses_is_linked_from_a_chapter():
 CITATION = re.compile(r"\b([A-Z][a-zA-Z]+)(?: et al\.| and [A-Z][a-zA-Z]+)?(?:, | \()((?:19|20)\d\d)\b")
 
 
-def test_every_citation_in_a_chapter_has_a_reference_entry():
+def test_every_citation_in_a_chapter_or_the_answers_has_a_reference_entry():
     # the entries of the reference lists, each with its continuation lines (the figure-credit table
     # mentions works too, but is no entry)
     text = (REPO / "book" / "references.md").read_text()
     references = [" ".join(entry.split()) for entry in re.findall(r"^- .*(?:\n  .*)*", text, re.MULTILINE)]
-    missing = [f"{chapter}: {name} ({year})" for chapter, text in _chapters().items()
+    pages = _chapters() | {"answers": (REPO / "book" / "answers.md").read_text()}
+    missing = [f"{page}: {name} ({year})" for page, text in pages.items()
                for name, year in sorted(set(CITATION.findall(text)))
                if not any(name in line and year in line for line in references)]
     assert not missing, f"cited but not in references.md: {missing}"
