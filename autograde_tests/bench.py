@@ -349,12 +349,15 @@ def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
 
 
 def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], heads: int, data: Path) -> list[Row]:
-    """Forward attention, one sequence of ``heads`` heads, d_k = 64: the course's attention (chapter 1, the
-    (T, T) weights included), tiled attention (chapter 7) with several block sizes, and PyTorch's fused
-    attention; time and peak memory of the tensors each creates, at every T. Writes ``data`` (JSON) for the
+    """Forward attention, one sequence of ``heads`` heads, d_k = 64, on one CPU thread: the course's attention
+    (chapter 1, the (T, T) weights included), tiled attention (chapter 7) with several block sizes, and
+    PyTorch's fused attention; time and peak memory of the tensors each creates, at every T. Writes ``data`` (JSON) for the
     chapter's figure."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    rows, measured = [], []
+    rows, measured, threads = [], [], torch.get_num_threads()
+    # One thread: a growth rate is the point of the figure, and a second thread on a shared 2-core machine
+    # turns it into noise (a doubling measured as 0.2x the time). Every kind pays the same.
+    torch.set_num_threads(1)
     for device in _devices():
         sync = _sync(device)
         kinds = {"naive (chapter 1)": lambda q: scaled_dot_product_attention(q, q, q),
@@ -378,8 +381,10 @@ def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], head
                                 f"{seconds * 1e3:.1f} ms, {peak / 2**20:.1f} MiB{growth}",
                                 f"{fused * 1e3:.1f} ms (fused)", f"{seconds / fused:.2f}×"))
             previous = results
+    torch.set_num_threads(threads)
     data.parent.mkdir(parents=True, exist_ok=True)
-    data.write_text(json.dumps({"machine": machine(), "heads": heads, "d_k": 64, "runs": measured}, indent=1) + "\n")
+    data.write_text(json.dumps({"machine": machine(), "threads": 1, "heads": heads, "d_k": 64, "runs": measured},
+                               indent=1) + "\n")
     return rows
 
 

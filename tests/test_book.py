@@ -1,5 +1,6 @@
 """The built book (``make book`` runs before the tests) has every chapter, with its figures."""
 
+import json
 import re
 from pathlib import Path
 
@@ -131,3 +132,24 @@ def test_chapter_4_accounts_for_the_difference_from_xiong_et_al(html):
     ratios = dict(re.findall(r"Pre-LN, inputs of norm (\d+): layer 1&#39;s gradient / layer 12&#39;s = ([\d.]+)", text)
                   or re.findall(r"Pre-LN, inputs of norm (\d+): layer 1's gradient / layer 12's = ([\d.]+)", text))
     assert float(ratios["8"]) > 1.5 and float(ratios["32"]) < 1.3, ratios
+
+
+def test_chapter_7_says_what_its_measured_run_shows():
+    """The page's reading of `make bench` figure 7 (book/_static/07_attention_at_scale/scale.json)."""
+    run = json.loads((REPO / "book" / "_static" / "07_attention_at_scale" / "scale.json").read_text())
+    seconds = {(r["kind"], r["T"]): r["seconds"] for r in run["runs"] if r["device"] == "cpu"}
+    peak = {(r["kind"], r["T"]): r["peak_bytes"] for r in run["runs"] if r["device"] == "cpu"}
+    lengths = sorted({t for _, t in seconds})
+    tiled = sorted({k for k, _ in seconds if k.startswith("tiled")})
+    naive, fused = "naive (chapter 1)", "F.scaled_dot_product_attention"
+    assert run["threads"] == 1, "figure 7 is measured on one thread, as the page says"
+    for n in lengths:
+        assert min(seconds, key=lambda key: seconds[key] if key[1] == n else float("inf"))[0] == fused, n
+    for a, b in zip(lengths, lengths[1:]):
+        assert peak[naive, b] / peak[naive, a] > 3.9
+        assert all(peak[kind, b] / peak[kind, a] < 2.1 for kind in tiled)
+    assert seconds[naive, 1024] / seconds[naive, 512] > 4.5
+    assert all(seconds[naive, n] / seconds[fused, n] > 5 for n in lengths if n >= 2048)
+    assert all(seconds[kind, n] < seconds[naive, n] for kind in tiled for n in lengths if n >= 1024)
+    small, large = sorted(tiled, key=lambda kind: int(kind.split()[-1]))[::len(tiled) - 1]
+    assert 2 <= seconds[small, 8192] / seconds[large, 8192] <= 3
