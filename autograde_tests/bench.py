@@ -35,6 +35,7 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import course
+from .checks.harness import one_thread
 from .reference.attention import scaled_dot_product_attention
 from .reference.attention_at_scale import tiled_attention
 from .reference.multi_head_attention import MultiHeadAttention
@@ -215,23 +216,22 @@ def training(repeats: int, steps: int | None) -> list[Row]:
     """The chapter-5 run (Post-LN and Pre-LN): wall time, and the first evaluation at 99% exact match."""
     from . import training as demo
 
-    rows, threads, post_ln = [], torch.get_num_threads(), None
-    torch.set_num_threads(1)  # as the training command does by default
-    for norm_first in (False, True):
-        config = demo.Config(norm_first=norm_first)
-        if steps:  # the smoke run: a few steps on a small held-out set
-            config = demo.Config(norm_first=norm_first, steps=steps, eval_every=steps, eval_size=50, warmup=1)
-        runs = [demo.train(config, progress=False) for _ in range(repeats)]
-        reached = [next((e["step"] for e in run["evaluations"] if e["exact_match"] >= 0.99), None) for run in runs]
-        seconds = statistics.median(run["seconds"] for run in runs)
-        steps_text = "not reached" if None in reached else f"after {statistics.median(reached):.0f} steps"
-        final = statistics.median(run["exact_match"] for run in runs)
-        row = (f"`python -m autograde_tests.training{' --norm-first' if norm_first else ''}` "
-               f"({'Pre-LN' if norm_first else 'Post-LN'}, {config.steps} steps, {runs[0]['device']})",
-               f"{seconds:.0f} s; 99% exact match {steps_text}; final {final:.1%}")
-        rows.append(Row(*row, f"{post_ln:.0f} s (Post-LN)", f"{seconds / post_ln:.2f}×") if post_ln else Row(*row))
-        post_ln = seconds
-    torch.set_num_threads(threads)
+    rows, post_ln = [], None
+    with one_thread():  # as the training command does by default
+        for norm_first in (False, True):
+            config = demo.Config(norm_first=norm_first)
+            if steps:  # the smoke run: a few steps on a small held-out set
+                config = demo.Config(norm_first=norm_first, steps=steps, eval_every=steps, eval_size=50, warmup=1)
+            runs = [demo.train(config, progress=False) for _ in range(repeats)]
+            reached = [next((e["step"] for e in run["evaluations"] if e["exact_match"] >= 0.99), None) for run in runs]
+            seconds = statistics.median(run["seconds"] for run in runs)
+            steps_text = "not reached" if None in reached else f"after {statistics.median(reached):.0f} steps"
+            final = statistics.median(run["exact_match"] for run in runs)
+            row = (f"`python -m autograde_tests.training{' --norm-first' if norm_first else ''}` "
+                   f"({'Pre-LN' if norm_first else 'Post-LN'}, {config.steps} steps, {runs[0]['device']})",
+                   f"{seconds:.0f} s; 99% exact match {steps_text}; final {final:.1%}")
+            rows.append(Row(*row, f"{post_ln:.0f} s (Post-LN)", f"{seconds / post_ln:.2f}×") if post_ln else Row(*row))
+            post_ln = seconds
     return rows
 
 
@@ -247,20 +247,19 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
     from . import lm_training
     from .reference.decoder_only import GPT, generate
 
-    config, threads = lm_training.Config(), torch.get_num_threads()
-    torch.set_num_threads(1)  # as the training command does by default
-    torch.manual_seed(0)
-    model = GPT(96, config.d_model, config.n_heads, config.n_layers, config.d_ff).eval()
-    prompt = torch.randint(96, (1, 8))
-    rows, found = [], []
-    for n in lengths:
-        cached, uncached = (median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
-                            for c in (True, False))
-        found.append({"tokens": n, "cached": round(n / cached, 1), "uncached": round(n / uncached, 1)})
-        rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
-                        f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
-                        f"{uncached / cached:.1f}×"))
-    torch.set_num_threads(threads)
+    config = lm_training.Config()
+    with one_thread():  # as the training command does by default
+        torch.manual_seed(0)
+        model = GPT(96, config.d_model, config.n_heads, config.n_layers, config.d_ff).eval()
+        prompt = torch.randint(96, (1, 8))
+        rows, found = [], []
+        for n in lengths:
+            cached, uncached = (median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
+                                for c in (True, False))
+            found.append({"tokens": n, "cached": round(n / cached, 1), "uncached": round(n / uncached, 1)})
+            rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
+                            f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
+                            f"{uncached / cached:.1f}×"))
     if speeds is not None:
         speeds.parent.mkdir(parents=True, exist_ok=True)
         speeds.write_text(json.dumps({"machine": machine()[0].removeprefix("- CPU: "), "repeats": repeats,
@@ -354,34 +353,33 @@ def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], head
     PyTorch's fused attention; time and peak memory of the tensors each creates, at every T. Writes ``data`` (JSON) for the
     chapter's figure."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    rows, measured, threads = [], [], torch.get_num_threads()
+    rows, measured = [], []
     # One thread: a growth rate is the point of the figure, and a second thread on a shared 2-core machine
     # turns it into noise (a doubling measured as 0.2x the time). Every kind pays the same.
-    torch.set_num_threads(1)
-    for device in _devices():
-        sync = _sync(device)
-        kinds = {"naive (chapter 1)": lambda q: scaled_dot_product_attention(q, q, q),
-                 **{f"tiled, blocks of {b}": (lambda q, b=b: tiled_attention(q, q, q, b, b)) for b in blocks},
-                 "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
-        previous: dict[str, tuple[float, int]] = {}
-        for n in lengths:
-            q = torch.randn(1, heads, n, 64, device=device)
-            results = {}
-            for kind, attend in kinds.items():
-                attend(q)  # warm-up
-                seconds = median_seconds(lambda: attend(q), repeats, sync)
-                results[kind] = (seconds, peak_bytes(lambda: attend(q), device))
-                measured.append({"device": device.type, "T": n, "kind": kind, "seconds": seconds,
-                                 "peak_bytes": results[kind][1]})
-            fused = results["F.scaled_dot_product_attention"][0]
-            for kind, (seconds, peak) in results.items():
-                growth = (f"; {seconds / previous[kind][0]:.1f}× the time, {peak / max(previous[kind][1], 1):.1f}× "
-                          f"the memory of T={n // 2}") if kind in previous else ""
-                rows.append(Row(f"{kind}, T={n}, h={heads}, d_k=64 ({device.type})",
-                                f"{seconds * 1e3:.1f} ms, {peak / 2**20:.1f} MiB{growth}",
-                                f"{fused * 1e3:.1f} ms (fused)", f"{seconds / fused:.2f}×"))
-            previous = results
-    torch.set_num_threads(threads)
+    with one_thread():
+        for device in _devices():
+            sync = _sync(device)
+            kinds = {"naive (chapter 1)": lambda q: scaled_dot_product_attention(q, q, q),
+                     **{f"tiled, blocks of {b}": (lambda q, b=b: tiled_attention(q, q, q, b, b)) for b in blocks},
+                     "F.scaled_dot_product_attention": lambda q: F.scaled_dot_product_attention(q, q, q)}
+            previous: dict[str, tuple[float, int]] = {}
+            for n in lengths:
+                q = torch.randn(1, heads, n, 64, device=device)
+                results = {}
+                for kind, attend in kinds.items():
+                    attend(q)  # warm-up
+                    seconds = median_seconds(lambda: attend(q), repeats, sync)
+                    results[kind] = (seconds, peak_bytes(lambda: attend(q), device))
+                    measured.append({"device": device.type, "T": n, "kind": kind, "seconds": seconds,
+                                     "peak_bytes": results[kind][1]})
+                fused = results["F.scaled_dot_product_attention"][0]
+                for kind, (seconds, peak) in results.items():
+                    growth = (f"; {seconds / previous[kind][0]:.1f}× the time, {peak / max(previous[kind][1], 1):.1f}× "
+                              f"the memory of T={n // 2}") if kind in previous else ""
+                    rows.append(Row(f"{kind}, T={n}, h={heads}, d_k=64 ({device.type})",
+                                    f"{seconds * 1e3:.1f} ms, {peak / 2**20:.1f} MiB{growth}",
+                                    f"{fused * 1e3:.1f} ms (fused)", f"{seconds / fused:.2f}×"))
+                previous = results
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text(json.dumps({"machine": machine(), "threads": 1, "heads": heads, "d_k": 64, "runs": measured},
                                indent=1) + "\n")

@@ -8,14 +8,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from autograde_tests.hub import free_port
+from autograde_tests.hub import answers, free_port
 
 CHROMIUM_FLAGS = [
     "--no-sandbox",
@@ -70,15 +68,8 @@ def jupyterlab(root: Path, scratch: Path, token: str, config_path: Path | None =
     server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}api/status?token={token}", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start; see {scratch / 'jupyterlab.log'}")
-                time.sleep(0.5)
+        if not answers(f"{base}api/status?token={token}", server, 60):
+            pytest.fail(f"JupyterLab did not start; see {scratch / 'jupyterlab.log'}")
         yield base
     finally:
         server.terminate()  # JupyterLab shuts its kernels down first: slow on a busy machine

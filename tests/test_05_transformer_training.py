@@ -15,7 +15,8 @@ from autograde_tests.training import Config
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-CACHED_RUNS = sorted((REPO / "book" / "_static" / "05_transformer").glob("*.json"))
+CACHED = REPO / "book" / "_static" / "05_transformer"  # the runs `make train` caches for the book
+CACHED_RUNS = sorted(CACHED.glob("*.json"))
 TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, batch_size=16, eval_size=20, max_len=5, device="cpu")
 
 
@@ -140,7 +141,7 @@ def test_without_smoothing_the_objective_is_the_teacher_forcing_loss():
 
 
 def test_the_cached_recipe_runs_are_the_options_the_book_names():
-    runs = {p.stem: json.loads(p.read_text())["config"] for p in (CACHED_RUNS[0].parent / "recipe").glob("*.json")}
+    runs = {p.stem: json.loads(p.read_text())["config"] for p in (CACHED / "recipe").glob("*.json")}
     assert set(runs) == {"paper_schedule", "paper_recipe", "cosine_smoothing_dropout"}, "run `make train`"
     assert runs["paper_schedule"]["schedule"] == "paper" and runs["paper_schedule"]["label_smoothing"] == 0
     assert runs["paper_recipe"]["schedule"] == "paper"
@@ -154,7 +155,6 @@ def test_the_paper_schedule_keeps_moving_where_the_cosine_run_settles():
     def last_five(run):
         return [e["exact_match"] for e in json.loads(run.read_text())["evaluations"][-5:]]
 
-    recipe = CACHED_RUNS[0].parent / "recipe"
-    assert max(last_five(recipe / "paper_schedule.json")) < 1.0
-    assert min(last_five(CACHED_RUNS[0].parent / "post_ln.json")) == 1.0
-    assert min(last_five(recipe / "cosine_smoothing_dropout.json")) == 1.0
+    assert max(last_five(CACHED / "recipe" / "paper_schedule.json")) < 1.0
+    assert min(last_five(CACHED / "post_ln.json")) == 1.0
+    assert min(last_five(CACHED / "recipe" / "cosine_smoothing_dropout.json")) == 1.0

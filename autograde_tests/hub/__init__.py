@@ -200,17 +200,10 @@ class Hub:
                 [sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=state,
                 env=os.environ | {"PATH": self.server_env()["PATH"]},
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{self.url}hub/api/", timeout=2)
-                return
-            except OSError:
-                if self._process.poll() is not None or time.monotonic() > deadline:
-                    # The state folder goes with the hub: say its last words here.
-                    last = (log_file.read_text().strip().splitlines() or ["no log"])[-1]
-                    raise HubError(f"JupyterHub did not start: {last}")
-                time.sleep(0.5)
+        if not answers(f"{self.url}hub/api/", self._process, 120):
+            # The state folder goes with the hub: say its last words here.
+            last = (log_file.read_text().strip().splitlines() or ["no log"])[-1]
+            raise HubError(f"JupyterHub did not start: {last}")
 
     def _stop(self) -> None:
         """JupyterHub stops the users' servers and the proxy itself; what it leaves is killed."""
@@ -230,6 +223,19 @@ class Hub:
             pass
         self._process.wait()
         self._process = None
+
+
+def answers(url: str, process: subprocess.Popen, seconds: float) -> bool:
+    """Whether ``url`` answers within ``seconds`` while the server ``process`` that should serve it runs."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return True
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
 
 def free_port() -> int:
