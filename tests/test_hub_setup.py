@@ -1,10 +1,15 @@
 """make hub's checks before it makes anything, and its login: one password per account."""
 
 import asyncio
+import os
+import shutil
+import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from autograde_tests import hub as hub_module
 from autograde_tests.hub import Hub
 from autograde_tests.hub.accounts import HubError, PasswordPerAccount
 
@@ -34,3 +39,26 @@ def test_each_account_logs_in_with_its_own_password_only():
     assert log_in("ada", "bob-secret") is None
     assert log_in("bob", "") is None
     assert log_in("eve", "ada-secret") is None
+
+
+def test_a_repository_in_a_private_folder_is_opened_to_the_accounts_and_closed_after(tmp_path, monkeypatch):
+    """The instructor runs `make -C <repository> grade`: make reads the folder to find its Makefile."""
+    private, repo = tmp_path / "private", tmp_path / "private" / "course"
+    repo.mkdir(parents=True)
+    (repo / "Makefile").write_text("grade:\n\t@echo graded\n")
+    repo.chmod(0o700)
+    private.chmod(0o700)
+    monkeypatch.setattr(hub_module, "REPO", repo)
+    hub = Hub(UNUSED)
+    hub._let_accounts_reach_the_environment()
+    try:
+        assert stat.S_IMODE(repo.stat().st_mode) == 0o705
+        assert stat.S_IMODE(private.stat().st_mode) == 0o701  # passed through, not listed
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            run = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                  "make", "-s", "-C", str(repo), "grade"], capture_output=True, text=True)
+            assert run.stdout.strip() == "graded", run.stderr
+    finally:
+        hub.__exit__()
+    assert stat.S_IMODE(repo.stat().st_mode) == 0o700
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700

@@ -128,12 +128,14 @@ class Hub:
 
     def _let_accounts_reach_the_environment(self) -> None:
         """Let every account pass through (not list) the folders above the interpreter and the course's
-        environment, which may lie in a private home folder; put back on exit."""
+        environment, which may lie in a private home folder, and list the repository itself: the
+        instructor's `make -C <repository> grade` finds the Makefile by reading the folder. Put back on exit."""
         for target in [Path(sys.base_prefix).resolve(), VENV_BIN.resolve(), REPO]:
             for folder in [target, *target.parents]:
-                mode = folder.stat().st_mode
-                if not mode & stat.S_IXOTH:
-                    self._set_mode(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
+                needed = stat.S_IXOTH | (stat.S_IROTH if folder == REPO else 0)
+                mode = stat.S_IMODE(folder.stat().st_mode)
+                if mode & needed != needed:
+                    self._set_mode(folder, mode | needed)
 
     def _set_mode(self, path: Path, mode: int) -> None:
         self._modes.setdefault(path, stat.S_IMODE(path.stat().st_mode))
