@@ -26,6 +26,7 @@ from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
 from .test_grading_class import grade, outcomes
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.sandbox
 BIN = Path(sys.executable).parent
 ANSWERS = [solved, wrong, solved, lambda r: solved(r, softmax=WRONG_SOFTMAX), solved, wrong]
 

@@ -24,6 +24,7 @@ from autograde_tests.grading.worker import Job, grade
 from .adversarial import CHAPTER, solved, with_extra_cell
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,8 @@ from autograde_tests.nbgrader_course import gradebook
 
 from .browser import browser, chromium
 
+pytestmark = pytest.mark.sandbox  # the instructor grades with make grade
+
 CHAPTER = "01_attention"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 MISTAKE_MESSAGE = "without the 1/sqrt(d_k) scale"

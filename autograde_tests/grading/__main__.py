@@ -8,14 +8,13 @@ autograded/, feedback/, grades.csv and reports/class_report.md.
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from .. import course as nbcourse
 from .. import nbgrader_course
-from . import batch, report
+from . import batch, bubblewrap, report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,14 +68,9 @@ def parse(argv=None) -> batch.Settings:
 
 def _expect_bubblewrap(parser) -> None:
     """Refuse to grade, with one line saying why, unless bubblewrap can start a sandbox here."""
-    if shutil.which("bwrap") is None:
-        parser.error("bubblewrap is not installed; it confines every learner's kernel: `apt-get install bubblewrap` "
-                     "(or --no-sandbox, for trusted work only)")
-    probe = subprocess.run(["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
-                           capture_output=True, text=True)
-    if probe.returncode:
-        why = (probe.stderr.strip().splitlines() or ["no reason given"])[-1]
-        parser.error(f"bubblewrap cannot start a sandbox on this machine ({why}); see the instructor guide")
+    why = bubblewrap.unavailable()
+    if why:
+        parser.error(f"{why} (or --no-sandbox, for trusted work only)")
 
 
 def _released(parser, course: Path, chapters: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import autograde_tests
+from autograde_tests.grading import bubblewrap
 from autograde_tests.reference import hidden_in_grading
 
 FILE_BYTES = 64 * 2**20  # the largest file the kernel may write (caches included)
@@ -101,7 +102,7 @@ def main() -> None:
     if args.no_sandbox:
         os.chdir(args.exchange)
         os.execve(sys.executable, kernel, _environment(str(args.exchange)))
-    bwrap = shutil.which("bwrap")
+    bwrap = bubblewrap.path()
     os.execv(bwrap, [bwrap, *bwrap_arguments(args.chapter, args.exchange), *kernel])
 
 
