@@ -26,3 +26,11 @@ c.OverwriteCells.add_missing_cells = True
 # Learners' LMS downloads (`nbgrader zip_collect`): files named <student id>_<chapter>.ipynb.
 # nbgrader matches the pattern against each extracted file's whole path.
 c.FileNameCollectorPlugin.named_regexp = r".*/(?P<student_id>[^/]+?)_(?P<file_id>\d\d_[a-z_]+\.ipynb)$"
+# Each upload judged on its own: an unsafe entry (../, a link), an unknown name or a student id such as
+# `..` is left out and recorded for `make grade --zip-collect`; a gzipped notebook is unpacked.
+c.ZipCollectApp.extractor_plugin = "autograde_tests.exchange.SafeExtractor"
+c.ZipCollectApp.collector_plugin = "autograde_tests.exchange.SafeNameCollector"
+
+# `nbgrader collect` copies learners' folders from the exchange with the instructor's rights: only
+# regular files and folders, never following a link (a submission holding one is skipped with a warning).
+c.ExchangeFactory.collect = "autograde_tests.exchange.SafeCollect"

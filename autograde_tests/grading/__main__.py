@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .. import course as nbcourse
-from .. import nbgrader_course
+from .. import exchange, nbgrader_course
 from . import batch, bubblewrap, report
 
 
@@ -54,16 +54,16 @@ def parse(argv=None) -> batch.Settings:
         if chapter not in released:
             parser.error(f"chapter {chapter!r} is not in the gradebook; run `make release` first")
     chapters = args.chapter or released
-    if args.zip_collect:
-        _zip_collect(parser, course, chapters)
-    if not (course / "submitted").is_dir():
+    refused = _zip_collect(parser, course, chapters) if args.zip_collect else []
+    if not (course / "submitted").is_dir() and not refused:
         parser.error(f"{course}: no submitted/ folder (collect submissions first, or use --zip-collect)")
-    if not batch.find_pairs(course, chapters):
+    if not batch.find_pairs(course, chapters) and not refused:
         parser.error(f"no submissions for {', '.join(chapters)} in {course / 'submitted'}")
     if not args.no_sandbox:
         _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
-                          args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler)
+                          args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
+                          refused=tuple(refused))
 
 
 def _expect_bubblewrap(parser) -> None:
@@ -82,14 +82,25 @@ def _released(parser, course: Path, chapters: list[str]) -> list[str]:
     return [c for c in chapters if c in names]
 
 
-def _zip_collect(parser, course: Path, chapters: list[str]) -> None:
+def _zip_collect(parser, course: Path, chapters: list[str]) -> list[batch.Refused]:
+    """``nbgrader zip_collect`` for each chapter with downloads; the uploads it refused (one at a time, with
+    the course's safe extractor and collector: see autograde_tests.exchange), each for its learner."""
+    refused = []
     for chapter in chapters:
-        if not (course / "downloaded" / chapter / "archive").is_dir():
+        downloaded = course / "downloaded" / chapter
+        if not (downloaded / "archive").is_dir():
             continue
-        done = subprocess.run([sys.executable, "-m", "nbgrader", "zip_collect", chapter, "--force"],
+        (downloaded / exchange.REFUSED).unlink(missing_ok=True)  # never a stale record of an earlier run
+        # The safe classes named here too, so that a course whose configuration predates them is safe.
+        done = subprocess.run([sys.executable, "-m", "nbgrader", "zip_collect", chapter, "--force",
+                               f"--extractor={exchange.__name__}.SafeExtractor",
+                               f"--collector={exchange.__name__}.SafeNameCollector"],
                               cwd=course, capture_output=True, text=True)
         if done.returncode:
             parser.error(f"nbgrader zip_collect {chapter} failed: {done.stderr.strip().splitlines()[-1:]}")
+        refused += [batch.Refused(r["student"], chapter, r["reason"])
+                    for r in exchange.read_refusals(downloaded / exchange.REFUSED)]
+    return refused
 
 
 def main(argv=None) -> None:

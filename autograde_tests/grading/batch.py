@@ -21,16 +21,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 from distributed import Client, KilledWorker, LocalCluster, as_completed
 from tqdm import tqdm
 
 from .. import nbgrader_course
-from . import submissions, worker
+from . import files, submissions, worker
 from .advisories import advisories
 
 WORK = ".grading"
+CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission
+CARRIED_BYTES = 64 * 2**10  # more is not a timestamp or a secret
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Settings:
     force: bool = False
     sandbox: bool = True  # kernels in bubblewrap; off only for trusted work (--no-sandbox)
     scheduler: str | None = None  # a Dask scheduler's address; None: a local cluster of ``jobs`` workers
+    refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
 
 
 @dataclass
@@ -63,25 +67,52 @@ class Outcome:
     seconds: float | None = None  # how long its grading took there
 
 
+class Refused(NamedTuple):
+    """An upload that zip collection left out: its learner (or a label naming the upload), chapter, reason."""
+
+    student: str
+    chapter: str
+    reason: str
+
+
 @dataclass(frozen=True)
 class Pair:
     student: str
     chapter: str
     notebook: Path | None
     extra_files: tuple[str, ...]
+    problem: str = ""  # why its folder is not plain files of its own (a link, a FIFO, ...): never read
 
 
 def find_pairs(course: Path, chapters: list[str]) -> list[Pair]:
-    """Every submitted/<student>/<chapter>/ folder of the chosen chapters."""
+    """Every submitted/<student>/<chapter>/ of the chosen chapters. A linked student folder, or a chapter
+    folder that holds anything but regular files and folders, comes with its problem and is never read."""
+    submitted = course / "submitted"
+    if not submitted.is_dir():
+        return []
     pairs = []
-    for student in sorted(p for p in (course / "submitted").iterdir() if p.is_dir()):
-        for chapter in chapters:
-            folder = student / chapter
-            if folder.is_dir():
-                notebook = folder / f"{chapter}.ipynb"
-                extra = tuple(sorted(p.name for p in folder.iterdir() if p != notebook))
-                pairs.append(Pair(student.name, chapter, notebook if notebook.is_file() else None, extra))
+    for entry in sorted(os.scandir(submitted), key=lambda e: e.name):
+        if entry.is_symlink():
+            problem = f"submitted/{entry.name} is {files.kind(Path(entry.path))}: not followed, nothing was graded"
+            # The chapters it seems to hold (a stat through the link reads nothing), else every chosen one.
+            behind = [c for c in chapters if os.path.isdir(os.path.join(entry.path, c))] or chapters
+            pairs += [Pair(entry.name, chapter, None, (), problem) for chapter in behind]
+        elif entry.is_dir(follow_symlinks=False):
+            pairs += [pair for chapter in chapters if (pair := _pair(submitted, entry.name, chapter))]
     return pairs
+
+
+def _pair(submitted: Path, student: str, chapter: str) -> Pair | None:
+    """The submission in submitted/<student>/<chapter>/, if there is one."""
+    folder = submitted / student / chapter
+    if not os.path.lexists(folder):
+        return None
+    problem = files.first_non_data(folder, f"submitted/{student}/{chapter}")
+    if problem:
+        return Pair(student, chapter, None, (), f"{problem}: nothing was copied or graded")
+    notebook = folder / f"{chapter}.ipynb"
+    extra = tuple(sorted(p.name for p in folder.iterdir() if p != notebook))
+    return Pair(student, chapter, notebook if notebook.is_file() else None, extra)
 
 
 def load_state(course: Path) -> dict:
@@ -96,18 +127,24 @@ def grade_class(settings: Settings) -> list[Outcome]:
     work.mkdir(mode=0o700, exist_ok=True)
     state = load_state(course)
     outcomes, tasks = [], []
+    refused = _refusals(settings.refused)
     for pair in find_pairs(course, settings.chapters):
+        if (pair.student, pair.chapter) in refused:  # an upload of theirs was refused: a person decides
+            outcomes.append(Outcome(pair.student, pair.chapter, "needs-attention",
+                                    refused.pop((pair.student, pair.chapter))))
+            continue
         prepared = _prepare(pair, settings, state)
         (outcomes.append(prepared) if isinstance(prepared, Outcome) else tasks.append((pair, *prepared)))
+    outcomes += [Outcome(student, chapter, "needs-attention", reason) for (student, chapter), reason in refused.items()]
     if tasks:
         with _workers(settings) as client:
             # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any
             # other batch's on a shared scheduler (Dask would hand both the same result).
             running = {client.submit(worker.grade, job, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
-                       (pair, outcome) for pair, job, outcome in tasks}
+                       (pair, outcome, carried) for pair, job, outcome, carried in tasks}
             for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
-                pair, outcome = running[done]
-                outcomes.append(_merge(course, pair, outcome, _result(done)))
+                pair, outcome, carried = running[done]
+                outcomes.append(_merge(course, pair, outcome, _result(done), carried))
                 state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
                 _save_state(work, state)
     for outcome in outcomes:
@@ -115,6 +152,14 @@ def grade_class(settings: Settings) -> list[Outcome]:
             state[f"{outcome.student}/{outcome.chapter}"] = asdict(outcome)
     _save_state(work, state)
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
+
+
+def _refusals(refused) -> dict[tuple[str, str], str]:
+    """The reasons zip collection refused uploads, per (student, chapter), several joined."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for student, chapter, reason in refused:
+        reasons.setdefault((student, chapter), []).append(reason)
+    return {key: "; ".join(why) for key, why in reasons.items()}
 
 
 @contextlib.contextmanager
@@ -147,34 +192,57 @@ def _save_state(work: Path, state: dict) -> None:
 
 
 def _prepare(pair: Pair, settings: Settings, state: dict):
-    """An outcome when the pair needs no grading; else (the worker's job, the outcome to complete)."""
+    """An outcome when the pair needs no grading; else (the worker's job, the outcome to complete, the
+    files nbgrader collect left beside the notebook, to go with its feedback)."""
     def attention(reason, **extra):
         return Outcome(pair.student, pair.chapter, "needs-attention", reason, **extra)
 
+    if pair.problem:
+        return attention(pair.problem)
     if pair.notebook is None:
         found = ", ".join(pair.extra_files) or "nothing"
         return attention(f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
-    digest = submissions.digest(pair.notebook)
+    course = settings.course
+    try:  # read as data, once: what was checked is what is graded, even if the folder changes meanwhile
+        data = files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb")
+        carried = _carried(course, pair)
+    except files.NotData as exc:
+        return attention(f"submitted/{exc}: nothing was copied or graded")
+    except OSError as exc:  # it went away or cannot be opened since it was found
+        return attention(f"submitted/{pair.student}/{pair.chapter} could not be read ({exc.strerror}): not graded")
+    digest = submissions.digest(data)
     previous = state.get(f"{pair.student}/{pair.chapter}", {})
     if not settings.force and previous.get("digest") == digest and previous.get("status") == "graded":
         return Outcome(pair.student, pair.chapter, "unchanged", score=previous["score"],
                        max_score=previous["max_score"], digest=digest)
     notes = [f"ignored files submitted beside the notebook: {', '.join(pair.extra_files)}"] if pair.extra_files else []
     try:
-        submitted = submissions.read(pair.notebook)
+        submitted = submissions.read(data)
     except submissions.Unreadable as exc:
         return attention(f"unreadable notebook: {exc}", digest=digest)
-    course = settings.course
+    solution = (course / "solutions" / pair.chapter / f"{pair.chapter}.ipynb").read_text()
+    if submissions.is_instructors(submitted, nbformat.reads(solution, as_version=4)):
+        return attention(f"this is the instructor's notebook (it holds solutions/{pair.chapter}'s solution "
+                         "regions or hidden tests): not graded", digest=digest)
     release = nbformat.read(_released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
     job = worker.Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
-                     (course / "nbgrader_config.py").read_text(),
-                     (course / "solutions" / pair.chapter / f"{pair.chapter}.ipynb").read_text(),
+                     (course / "nbgrader_config.py").read_text(), solution,
                      settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_chars,
                      settings.sandbox)
     outcome = Outcome(pair.student, pair.chapter, "graded", notes=notes + rebuilt.notes,
                       advisories=advisories(rebuilt.learner_code), digest=digest)
-    return job, outcome
+    return job, outcome, carried
+
+
+def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
+    """The files that go with a graded submission's feedback, read as data (NotData for a link, a FIFO...).
+
+    nbgrader's release_feedback finds each learner's feedback in the exchange by these two files, which
+    nbgrader collect leaves beside the submission and nbgrader autograde carries along.
+    """
+    return {name: files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{name}", CARRIED_BYTES)
+            for name in CARRIED if name in pair.extra_files}
 
 
 def _released(course: Path, chapter: str) -> Path:
@@ -183,24 +251,21 @@ def _released(course: Path, chapter: str) -> Path:
     return course / release / chapter / f"{chapter}.ipynb"
 
 
-def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict) -> Outcome:
-    """Complete ``outcome`` with ``result``; a graded pair's files and grades go into the course."""
+def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:
+    """Complete ``outcome`` with ``result``; a graded pair's files (and ``carried``) and grades go into the course."""
     outcome.status, outcome.reason = result["status"], result.get("reason", "")
     outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
     if outcome.status != "graded":
         return outcome
-    staged, submitted = {}, course / "submitted" / pair.student / pair.chapter
+    staged = {}
     for folder, suffix, text in (("autograded", "ipynb", result["autograded"]), ("feedback", "html", result["feedback"])):
         destination = course / folder / pair.student / pair.chapter
         staged[destination] = destination.with_name(f".{pair.chapter}.new")
         shutil.rmtree(staged[destination], ignore_errors=True)
         staged[destination].mkdir(parents=True)
         (staged[destination] / f"{pair.chapter}.{suffix}").write_text(text)
-        # nbgrader's release_feedback finds each learner's feedback in the exchange by these two files,
-        # which nbgrader collect leaves beside the submission and nbgrader autograde carries along.
-        for name in ("timestamp.txt", "submission_secret.txt"):
-            if (submitted / name).is_file():
-                shutil.copy2(submitted / name, staged[destination] / name)
+        for name, data in carried.items():
+            (staged[destination] / name).write_bytes(data)
     with nbgrader_course.gradebook(course) as book:
         book.update_or_create_student(pair.student)
         book.update_or_create_submission(pair.chapter, pair.student)

@@ -7,9 +7,9 @@ locked cells come from the release, answers from the learner, and each repair is
 
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import nbformat
 
@@ -25,17 +25,34 @@ class Rebuilt:
     notes: list[str] = field(default_factory=list)  # repairs made, for the instructor
 
 
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+# nbgrader's markers of what only the instructor's notebook holds; the release never has them.
+INSTRUCTOR_MARKERS = re.compile(r"^\s*#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)\b", re.MULTILINE)
 
 
-def read(path: Path) -> nbformat.NotebookNode:
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def read(data: bytes) -> nbformat.NotebookNode:
+    """The notebook in ``data`` (the submitted file's bytes, read by the grader as data)."""
     try:
-        return nbformat.read(path, as_version=4)  # also upgrades an old nbformat (v3)
+        return nbformat.reads(data.decode("utf-8"), as_version=4)  # also upgrades an old nbformat (v3)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise Unreadable(f"not valid JSON ({exc})") from exc
     except Exception as exc:  # nbformat raises several kinds for a malformed notebook
         raise Unreadable(f"not a readable notebook ({type(exc).__name__}: {exc})") from exc
+
+
+def is_instructors(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode) -> bool:
+    """Whether ``submitted`` carries the instructor's version of ``source`` (the notebook in solutions/).
+
+    It does when a cell holds nbgrader's solution or hidden-test markers, or is word for word a cell that
+    only the instructor's notebook has (one with hidden tests). Graded, it would score the instructor's
+    answers and show its hidden tests and solutions in that learner's feedback.
+    """
+    instructor_only = {c.source for c in source.cells if INSTRUCTOR_MARKERS.search(c.source)}
+    sources = [c.get("source") for c in submitted.cells]
+    return any(isinstance(s, str) and (INSTRUCTOR_MARKERS.search(s) or s in instructor_only) for s in sources)
 
 
 def _grade_id(cell) -> str | None:

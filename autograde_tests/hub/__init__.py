@@ -158,6 +158,8 @@ class Hub:
             "c = get_config()  # noqa: F821\n"
             f"c.CourseDirectory.course_id = {COURSE_ID!r}\n"
             f"c.Exchange.root = {str(self.exchange)!r}\n"
+            # The instructor's `nbgrader collect` never follows a link a learner planted in inbound/.
+            'c.ExchangeFactory.collect = "autograde_tests.exchange.SafeCollect"\n'
         )
         # Terminals run a plain shell: a login shell would reset PATH (/etc/profile) and lose the
         # course's environment, nbgrader and make grade's Python with it.
