@@ -21,12 +21,12 @@ from .harness import (
     expect_unchanged,
     fail,
     fail_difference,
-    forbid_ops,
     name_the_mistake,
     output_like_input,
     run_cases,
     strict_numerics,
 )
+from .how import forbid_built_ins
 
 FORBIDDEN = {  # checked in this order: F.scaled_dot_product_attention runs a softmax inside
     "scaled_dot_product": "F.scaled_dot_product_attention",
@@ -79,7 +79,7 @@ def check_softmax(softmax, hidden: bool = False) -> None:
         _expect_softmax_values(name, out, expected, x, case)
 
     with strict_numerics():
-        forbid_ops(name, softmax, (_softmax_input(cases[0], seed),), FORBIDDEN)
+        forbid_built_ins(name, softmax, (_softmax_input(cases[0], seed),), FORBIDDEN)
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
             name, softmax, (_softmax_input(cases[0], seed),), {"dim": -1}))
 
@@ -254,7 +254,7 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
             expect_device_agnostic(name, scaled_dot_product_attention, _attention_inputs(case, seed))
 
     with strict_numerics():
-        forbid_ops(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
+        forbid_built_ins(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
         run_cases(name, cases, lambda i, case, device, dtype: _check_attention_case(
             name, scaled_dot_product_attention, case, seed + i, dtype, device), after=device_agnostic)
 

@@ -4,7 +4,10 @@ Every call of the learner's function runs watched (``beside.watched``, next to t
 check learns the result, the largest tensor the call created and how many elements it created in all.
 The verdicts are taken here, from those numbers:
 
-- equality with the reference (itself proven against ``F.scaled_dot_product_attention``);
+- equality with the reference (itself proven against ``F.scaled_dot_product_attention``), judged here on
+  inputs made here: the points of a graded run;
+- the rules below read the watcher's record, which in a graded run is the sandboxed kernel's word and so
+  a note, worth no points (``how.kernel_reported``), until the sandbox's memory is measured from outside;
 - the memory bound: no tensor with m·n or more elements (a full score matrix) while ``tiled_attention``
   runs, no tensor as large as the whole rows while ``online_softmax`` runs;
 - the work bound: causal ``tiled_attention`` creates about half the elements of the same call without the
@@ -30,13 +33,13 @@ from .harness import (
     expect_device_agnostic,
     expect_tensor,
     fail,
-    forbid_ops,
     learner_step,
     name_the_mistake,
     run_beside,
     run_cases,
     strict_numerics,
 )
+from .how import forbid_built_ins, kernel_reported
 
 
 def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bool = False) -> dict:
@@ -134,16 +137,18 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         report = _watch(name, online_softmax, (chunks,), read_once=True)
         _expect_unmodified(name, report, ("chunks",))
         if report["reads"] != 1:
-            fail(
+            kernel_reported(
                 name,
+                online_softmax,
                 f"reads the chunks {report['reads']} times; they come as an iterator, which can be read once",
                 "in one loop over the chunks, keep a running maximum m and a running sum l, rescaling l "
                 "by exp(m_old - m_new) whenever the maximum grows.",
             )
         elements, what = _largest(report)
         if elements >= x.numel() and x.dim() > 0 and len(case.sizes) > 1:
-            fail(name, f"joined the chunks into whole rows: {what} is as large as all the rows together",
-                 "work on one chunk at a time: all you need to keep between chunks is m and l, one number per row.")
+            kernel_reported(name, online_softmax, f"joined the chunks into whole rows: {what} is as large as all the "
+                            "rows together", "work on one chunk at a time: all you need to keep between chunks is m "
+                            "and l, one number per row.")
         result = report["result"]
         if not (isinstance(result, tuple) and len(result) == 2):
             fail(name, f"should return a tuple (m, l), got {type_name(result)}")
@@ -305,7 +310,7 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
 
     with strict_numerics():
         first = cases[0]
-        forbid_ops(name, tiled_attention, (*_tiled_inputs(first, seed), first.block_q, first.block_k),
+        forbid_built_ins(name, tiled_attention, (*_tiled_inputs(first, seed), first.block_q, first.block_k),
                    {"scaled_dot_product": FORBIDDEN["scaled_dot_product"]})
         run_cases(name, cases, check_case, after=after)
 
@@ -319,9 +324,9 @@ def _check_tiled_case(name, tiled_attention, case: TiledCase, seed: int, device,
     elements, what = _largest(report)
     if case.watched_for_memory() and elements >= case.m * case.n:
         mask = " (as a mask)" if report["largest"].get("dtype") == "bool" else ""
-        fail(name, f"you built the full score matrix{mask}: {what} has m·n = {case.m}·{case.n} = {case.m * case.n} or "
-                   f"more elements (block_q={case.block_q}, block_k={case.block_k}, causal={case.causal})",
-             FULL_MATRIX_HINT)
+        kernel_reported(name, tiled_attention, f"you built the full score matrix{mask}: {what} has m·n = "
+                        f"{case.m}·{case.n} = {case.m * case.n} or more elements (block_q={case.block_q}, "
+                        f"block_k={case.block_k}, causal={case.causal})", FULL_MATRIX_HINT)
     out = report["result"]
     if isinstance(out, torch.Tensor) and out.dim() == q.dim() and out.size(-2) == case.m // case.block_q * case.block_q < case.m:
         fail(name, f"the last partial block of queries was dropped: m = {case.m} is not a multiple of "
@@ -352,10 +357,14 @@ def _expect_half_the_work(name, tiled_attention, case: TiledCase, seed: int) -> 
     tiles = [math.ceil(min(case.n, i + case.block_q) / case.block_k) for i in range(0, case.m, case.block_q)]
     needed = sum(tiles) / (len(tiles) * math.ceil(case.n / case.block_k))
     if not (isinstance(made[False], int) and isinstance(made[True], int) and made[False] > 0):
-        fail(name, "the grader could not count the work your code does")
-    if made[True] > (needed + 1) / 2 * made[False]:
-        fail(name, f"causal attention does {made[True] / made[False]:.0%} of the work of the same call without the "
-                   f"mask (elements computed); skipping the tiles above the diagonal leaves about {needed:.0%} "
-                   f"(m={case.m}, n={case.n}, block_q={case.block_q}, block_k={case.block_k})",
-             "for the query block starting at i, loop over keys only up to i + block_q (the block's last query + 1): "
-             "the tiles beyond it are all -inf and add nothing.")
+        kernel_reported(name, tiled_attention, "the grader could not count the work your code does")
+    elif made[True] > (needed + 1) / 2 * made[False]:
+        kernel_reported(
+            name,
+            tiled_attention,
+            f"causal attention does {made[True] / made[False]:.0%} of the work of the same call without the mask "
+            f"(elements computed); skipping the tiles above the diagonal leaves about {needed:.0%} "
+            f"(m={case.m}, n={case.n}, block_q={case.block_q}, block_k={case.block_k})",
+            "for the query block starting at i, loop over keys only up to i + block_q (the block's last query + 1): "
+            "the tiles beyond it are all -inf and add nothing.",
+        )

@@ -6,8 +6,11 @@ At run time a check records the torch functions the learner's code calls, but in
 record comes from the learner's kernel, which could hide it. So the grader also reads the source: from
 the learner's definition of, say, ``softmax``, it follows every name the learner defined (helpers,
 aliases, methods) and collects the outside names it meets: attributes (``F.softmax``), imports
-(``from torch.nn.functional import softmax``) and names given to ``getattr`` as strings. A name built
-at run time (``getattr(torch, "soft" + "max")``) is not found this way; the instructor guide says so.
+(``from torch.nn.functional import softmax``), the classes too (``nn.Softmax``: the checks compare names
+whatever their case), and names given to ``getattr`` as strings, also when the string is put together from
+constants (``getattr(torch, "soft" + "max")``). A name computed from data at run time, a built-in called
+inside a library function (``F.cross_entropy``), or code from a file or ``exec`` is not found this way:
+only the record of what ran sees those.
 """
 
 import ast
@@ -87,13 +90,20 @@ class Reach:
 
     def _outside_names(self, node: ast.AST) -> Iterable[str]:
         """Names of attributes that are not the learner's own, and attribute or module names given as strings."""
-        if isinstance(node, ast.Attribute) and node.attr not in self.own_attributes:
+        if isinstance(node, ast.Attribute) and (node.attr not in self.own_attributes or self._of_an_import(node)):
             yield node.attr
         elif isinstance(node, ast.Call) and _called_name(node.func) in BY_NAME:
-            yield from (a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str))
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
-                and isinstance(node.slice.value, str):  # vars(torch)["softmax"], torch.__dict__[...]
-            yield node.slice.value
+            yield from (text for text in map(_constant_text, node.args) if text is not None)
+        elif isinstance(node, ast.Subscript) and _constant_text(node.slice) is not None:
+            yield _constant_text(node.slice)  # vars(torch)["softmax"], torch.__dict__[...]
+
+    def _of_an_import(self, node: ast.Attribute) -> bool:
+        """Whether the attribute is read from an imported module (``F.softmax``, ``torch.nn.Softmax``): never
+        the learner's own, even when one of their classes has a method of that name."""
+        root = node.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        return isinstance(root, ast.Name) and root.id in self.imports
 
 
 def _parse(source: str) -> list[ast.stmt]:
@@ -103,6 +113,26 @@ def _parse(source: str) -> list[ast.stmt]:
         return ast.parse(TransformerManager().transform_cell(source)).body
     except (SyntaxError, ValueError):
         return []
+
+
+def _constant_text(node: ast.AST) -> str | None:
+    """The string ``node`` always evaluates to, when it is put together from constants alone: "softmax",
+    "soft" + "max", f"{'soft'}max", "".join(["soft", "max"]); else None."""
+    if isinstance(node, ast.Constant):
+        return node.value if isinstance(node.value, str) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _constant_text(node.left), _constant_text(node.right)
+        return None if left is None or right is None else left + right
+    if isinstance(node, ast.FormattedValue) and node.conversion == -1 and node.format_spec is None:
+        return _constant_text(node.value)
+    if isinstance(node, ast.JoinedStr):
+        parts = [_constant_text(part) for part in node.values]
+        return None if None in parts else "".join(parts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join" \
+            and len(node.args) == 1 and isinstance(node.args[0], (ast.List, ast.Tuple)):
+        glue, parts = _constant_text(node.func.value), [_constant_text(part) for part in node.args[0].elts]
+        return None if glue is None or None in parts else glue.join(parts)
+    return None
 
 
 def _called_name(func: ast.AST) -> str:
