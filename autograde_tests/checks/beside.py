@@ -106,10 +106,11 @@ def attention_sublayer(h: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.scaled_dot_product_attention(h, h, h)
 
 
-def ffn_sublayer(state: dict) -> nn.Sequential:
-    """A two-layer ReLU network with the weights in ``state`` ("0.weight", "0.bias", "2.weight", "2.bias")."""
-    (d_ff, d_model), dtype = state["0.weight"].shape, state["0.weight"].dtype
-    layers = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model)).to(dtype)
+def position_wise_sublayer(state: dict) -> nn.Sequential:
+    """tanh of one linear layer with the weights in ``state`` ("0.weight", "0.bias"): a sublayer with
+    parameters that acts on each position alone, and deliberately not chapter 4's FFN (which is an answer)."""
+    d_model, dtype = state["0.weight"].shape[0], state["0.weight"].dtype
+    layers = nn.Sequential(nn.Linear(d_model, d_model), nn.Tanh()).to(dtype)
     layers.load_state_dict(state)
     return layers.eval()
 

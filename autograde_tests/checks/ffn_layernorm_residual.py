@@ -41,6 +41,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
+from .how import kernel_reported
 
 def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
     if not close(again(), first):
@@ -232,15 +233,48 @@ def _conv_from_the_learner(name, ffn_as_conv1d, ffn64: ref.PositionwiseFeedForwa
 
 
 def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> None:
+    """The kernel's record of the run: which convolutions ran, and whether F.linear did (``kernel_reported``;
+    ``_expect_output_follows_the_convolutions`` is the rule the grader checks itself)."""
     calls = learner_step(name, lambda: run_beside(beside.convolution_calls, conv, x), (x,))
-    if calls["unused"]:
-        fail(
+    if not isinstance(calls, dict):
+        fail(name, "the grader could not watch your module run")
+    if calls.get("unused"):
+        kernel_reported(
             name,
-            f"the nn.Conv1d layer {', '.join(calls['unused'])} is never called when the module runs",
+            conv,
+            f"the nn.Conv1d layer {', '.join(map(str, calls['unused']))} is never called when the module runs",
             "call the layers themselves in forward (self.conv1(x)), not F.conv1d or a matmul on their weights.",
         )
-    if calls["linear"]:
-        fail(name, "the module it returns calls F.linear", "compute the FFN with the nn.Conv1d layers only.")
+    if calls.get("linear"):
+        kernel_reported(name, conv, "the module it returns calls F.linear", "compute the FFN with the nn.Conv1d layers only.")
+
+
+def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward,
+                                            x64: torch.Tensor, seed: int) -> None:
+    """With new weights put into its two nn.Conv1d layers, the module must compute the FFN of those weights:
+    a value judged here, which shows the convolutions do the computing (and not weights kept elsewhere)."""
+    d_ff, d_model = ffn64.linear1.weight.shape
+    conv.to(device="cpu", dtype=torch.float64)
+    layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
+    draw, weights = Inputs(seed + 900), []
+    for shape in ((d_ff, d_model, 1), (d_model, d_ff, 1)):
+        layer = next((m for m in layers if tuple(m.weight.shape) == shape), None)
+        if layer is None:
+            fail(name, f"no nn.Conv1d layer has a weight of shape {shape}, the shape of a 1x1 convolution for this FFN")
+        weights.append(draw.randn(*shape) / shape[1] ** 0.5)
+        layer.weight = nn.Parameter(weights[-1].clone())
+    with torch.no_grad():
+        hidden = torch.relu(x64 @ weights[0][..., 0].T + ffn64.linear1.bias)
+        expected = hidden @ weights[1][..., 0].T + ffn64.linear2.bias
+    out = output_like_input(name, conv, x64.clone()).detach()
+    if not close(out, expected):
+        fail(
+            name,
+            "with new weights put into its nn.Conv1d layers, the module does not compute the FFN of those weights: "
+            f"its output does not come from the convolutions ({largest_error(out, expected)})",
+            "compute forward with the convolutions themselves (self.conv1, self.conv2), holding the copied weights; "
+            "keep no other copy of the weights.",
+        )
 
 
 def _reference_ffn_float32(case: ConvCase, seed: int) -> ref.PositionwiseFeedForward:
@@ -269,6 +303,7 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
                 if not close(out, expected):
                     _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
                 count += 1
+            _expect_output_follows_the_convolutions(name, conv, ffn64, x64, seed + i)
     passed(name, count)
 
 
@@ -495,7 +530,7 @@ class SublayerCase:
     length: int
     d_model: int
     norm_first: bool
-    sublayer: str = "ffn"  # "ffn": a reference FFN; "attention": parameter-free self-attention (a lambda)
+    sublayer: str = "ffn"  # "ffn": a position-wise layer with random weights; "attention": parameter-free self-attention
     dropout: float = 0.0  # > 0 to check that eval mode switches it off
 
 
@@ -568,13 +603,11 @@ SUBLAYER_MISTAKES = [
 
 
 def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=torch.float64) -> Callable:
-    """The sublayer the learner did not write: self-attention with no parameters, or a random FFN."""
+    """The sublayer the learner did not write: self-attention with no parameters, or a random position-wise layer."""
     if case.sublayer == "attention":
         return beside.attention_sublayer
-    ffn = randomise(ref.PositionwiseFeedForward(case.d_model, 2 * case.d_model).double(), Inputs(seed + 600))
-    state = ffn.state_dict()
-    layers = beside.ffn_sublayer({"0.weight": state["linear1.weight"], "0.bias": state["linear1.bias"],
-                                  "2.weight": state["linear2.weight"], "2.bias": state["linear2.bias"]})
+    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), Inputs(seed + 600))
+    layers = beside.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()})
     return layers.to(device=device, dtype=dtype)
 
 
@@ -626,8 +659,9 @@ def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int
     sublayer = make_beside(module, beside.CountedSublayer, _sublayer(case, seed, device, dtype))
     out = call(name, module, x, sublayer)
     if sublayer.calls != 1:
-        fail(
+        kernel_reported(
             name,
+            module,
             f"calls the sublayer {sublayer.calls} times in one forward pass",
             "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
         )
