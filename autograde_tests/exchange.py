@@ -244,8 +244,8 @@ def _entry_problem(entry: zipfile.ZipInfo) -> str | None:
     path = PurePosixPath(entry.filename)
     if not path.parts or path.is_absolute() or ".." in path.parts or any(c in entry.filename for c in "\\\0"):
         return "has a path that leaves the archive's folder"
-    mode = entry.external_attr >> 16
-    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+    kind_bits = stat.S_IFMT(entry.external_attr >> 16)  # 0 when the zip says nothing (Windows, Python's writestr)
+    if kind_bits not in (0, stat.S_IFREG, stat.S_IFDIR):
         return "is a symbolic link or a special file, not a plain file"
     if entry.flag_bits & 0x1:
         return "is encrypted"

@@ -25,8 +25,9 @@ class Rebuilt:
     notes: list[str] = field(default_factory=list)  # repairs made, for the instructor
 
 
-# nbgrader's markers of what only the instructor's notebook holds; the release never has them.
-INSTRUCTOR_MARKERS = re.compile(r"^\s*#+\s*(BEGIN|END) (SOLUTION|HIDDEN TESTS)\b", re.MULTILINE)
+# nbgrader's markers that open what only the instructor's notebook holds; the release never has them.
+# (Only the opening ones: a solution pasted in with a stray "### END SOLUTION" is still the learner's.)
+INSTRUCTOR_MARKERS = re.compile(r"^\s*#+\s*BEGIN (SOLUTION|HIDDEN TESTS)\b", re.MULTILINE)
 
 
 def digest(data: bytes) -> str:
@@ -46,7 +47,7 @@ def read(data: bytes) -> nbformat.NotebookNode:
 def is_instructors(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode) -> bool:
     """Whether ``submitted`` carries the instructor's version of ``source`` (the notebook in solutions/).
 
-    It does when a cell holds nbgrader's solution or hidden-test markers, or is word for word a cell that
+    It does when a cell holds nbgrader's marker opening a solution region or hidden tests, or is word for word a cell that
     only the instructor's notebook has (one with hidden tests). Graded, it would score the instructor's
     answers and show its hidden tests and solutions in that learner's feedback.
     """
