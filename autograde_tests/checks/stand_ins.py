@@ -2,7 +2,7 @@
 
 Grading ``Transformer`` alone means running it with layers that are not the learner's; grading
 ``teacher_forcing_loss`` and ``greedy_decode`` means handing them a model. In a graded run these live in
-the learner's kernel, which lacks chapter 5's reference, so they are built here from PyTorch alone and
+the learner's kernel (which may replace them: the checks judge only the values that come back), which lacks chapter 5's reference, so they are built here from PyTorch alone and
 are deliberately not Transformers: each layer mixes positions by a plain average over the keys it may
 see, which makes it use every mask the way attention would, and nothing more. The checks compute the
 expected numbers with the very same stand-ins. Chapter 6's (``StandInBlock``, ``StandInLM``) do the same
@@ -100,7 +100,8 @@ def stand_in_model(state: dict) -> StandInModel:
 def train_on_batch(model: nn.Module, src, decoder_input, labels, pad: int, steps: int, lr: float, stop: float) -> dict:
     """Adam on one fixed batch until the cross-entropy of ``model(src, decoder_input)`` against ``labels``
     (padding ignored) is below ``stop``, or ``steps`` have run: the losses, and the parameters that got no
-    gradient at the first step. The checks judge the trained model themselves, on the same batch."""
+    gradient at the first step. The checks judge the trained model themselves, on strings it was not trained
+    on, whose answers are never sent here: what this reports is only a note in a graded run."""
     model.train()
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     losses, unused = [], []

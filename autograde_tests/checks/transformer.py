@@ -19,7 +19,7 @@ from torch import nn
 
 from ..reference import transformer as ref
 from ..reference.attention_variants import causal_mask, padding_mask
-from ..toy_task import PAD, reversal_batch
+from ..toy_task import BOS, PAD, VOCAB, random_digits, reversal_batch, to_batch
 from ..remote.proxy import make_beside, run_beside, type_name
 from . import stand_ins
 from .harness import (
@@ -47,6 +47,7 @@ from .harness import (
     randomise,
     strict_numerics,
 )
+from .how import kernel_reported
 
 
 def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
@@ -726,44 +727,77 @@ def _expect_properties(name, model: nn.Module, inputs64) -> None:
             )
 
 
-# The "can it learn" check: a fixed batch of eight reversals, memorised within a bounded number of steps.
-LEARN_STEPS, LEARN_LOSS = 200, 0.05
+# The "can it learn" check: trained on one fixed batch of reversals, the model must then reverse strings it
+# was never shown. They are drawn after training and only their digits are sent: the grader decodes them
+# greedily itself, token by token, so no answer it judges ever reaches the learner's kernel before it is judged.
+LEARN_BATCH, LEARN_STEPS, LEARN_LOSS, LEARN_LR = 256, 200, 0.05, 3e-3
+FRESH, FRESH_RIGHT = 64, 32  # the reference reverses 40 to 55 of 64 after its 60-odd steps; untrained, none
 
 
 def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
     """Train the learner's whole model (reference initial weights) on one fixed batch, where it lives, then
-    judge the trained model's own predictions on that batch here."""
+    judge here how many fresh strings it reverses."""
     forked = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=forked):
         torch.manual_seed(seed)
-        reference = ref.Transformer(13, 13, 32, 4, 2, 64, norm_first=norm_first)
-        model = construct(name, Transformer, 13, 13, 32, 4, 2, 64, norm_first=norm_first)
+        reference = ref.Transformer(VOCAB, VOCAB, 32, 4, 2, 64, norm_first=norm_first)
+        model = construct(name, Transformer, VOCAB, VOCAB, 32, 4, 2, 64, norm_first=norm_first)
         copy_weights(name, model, reference, MODEL_HINT)
-        src, tgt = reversal_batch(torch.Generator().manual_seed(seed), 8, 2, 6)
+        draw = torch.Generator().manual_seed(seed)
+        trained = random_digits(draw, LEARN_BATCH, 2, 6)
+        src, tgt = to_batch(trained, "reverse")
         inputs, labels = tgt[:, :-1], tgt[:, 1:]
         run = learner_step(name, lambda: run_beside(stand_ins.train_on_batch, model, src, inputs, labels, PAD,
-                                                     LEARN_STEPS, 3e-3, LEARN_LOSS), (src, tgt))
-        if run["unused"]:
-            fail(
-                name,
-                f"the parameters {', '.join(run['unused'][:4])} get no gradient: forward never uses them",
-                "every submodule the notebook names must take part in forward (and nothing be detached).",
-            )
-        losses = run["losses"]
-        if not math.isfinite(losses[-1]):
-            fail(name, f"training on a fixed batch, the loss became {losses[-1]} at step {len(losses) - 1}")
-        with torch.no_grad():
-            logits = call(name, model, src, inputs, src != PAD, inputs != PAD)
-        expect_tensor(name, "the logits", logits, (*labels.shape, 13), like=torch.empty(0))
-        final = _cross_entropy(logits, labels).item()
-    if not final < LEARN_LOSS:
+                                                     LEARN_STEPS, LEARN_LR, LEARN_LOSS), (src, tgt))
+        losses = run.get("losses") if isinstance(run, dict) else None
+        losses = losses if isinstance(losses, list) and losses and all(isinstance(x, float) for x in losses) else [math.nan]
+        _note_the_training_run(name, model, run, losses)
+        fresh = _fresh_strings(draw, {tuple(digits) for digits in trained})
+        right = _reversed_correctly(name, model.eval(), *to_batch(fresh, "reverse"))
+    if right < FRESH_RIGHT:
         fail(
             name,
-            f"cannot learn: trained on one fixed batch of 8 reversals for {LEARN_STEPS} Adam steps, the loss went "
-            f"from {losses[0]:.3f} to {final:.3f} (the reference gets below {LEARN_LOSS} in under 100)",
+            f"cannot learn: trained on one fixed batch of {LEARN_BATCH} reversals (up to {LEARN_STEPS} Adam steps, "
+            f"the loss went from {losses[0]:.3f} to {losses[-1]:.3f}), it then reversed {right} of {FRESH} strings it "
+            f"was never shown; the reference, trained the same way, reverses more than {FRESH_RIGHT}",
             "the numbers matched the reference with stand-in layers, so look at your own EncoderLayer and "
             "DecoderLayer, and at anything that stops gradients (.detach(), torch.no_grad, .item()).",
         )
+
+
+def _note_the_training_run(name, model, run, losses: list[float]) -> None:
+    """What the training run in the kernel reported about itself (``kernel_reported``)."""
+    unused = run.get("unused") if isinstance(run, dict) else None
+    if unused:
+        kernel_reported(
+            name,
+            model,
+            f"the parameters {', '.join(map(str, unused[:4]))} get no gradient: forward never uses them",
+            "every submodule the notebook names must take part in forward (and nothing be detached).",
+        )
+    if not math.isfinite(losses[-1]):
+        kernel_reported(name, model, f"training on a fixed batch, the loss became {losses[-1]} at step {len(losses) - 1}")
+
+
+def _fresh_strings(draw: torch.Generator, trained: set[tuple[int, ...]]) -> list[list[int]]:
+    """``FRESH`` strings of digits, none of them among those the model was trained on."""
+    fresh: list[list[int]] = []
+    while len(fresh) < FRESH:
+        fresh += [d for d in random_digits(draw, FRESH, 2, 6) if tuple(d) not in trained][: FRESH - len(fresh)]
+    return fresh
+
+
+def _reversed_correctly(name, model, src: torch.Tensor, tgt: torch.Tensor) -> int:
+    """How many of ``src`` the model reverses, each written up to its EOS, decoding greedily here: the model
+    is given the source and its own tokens so far, never the answer."""
+    written = torch.full((src.size(0), 1), BOS, dtype=torch.long)
+    with torch.no_grad():
+        for _ in range(tgt.size(1) - 1):
+            logits = call(name, model, src, written, src != PAD, written != PAD)
+            expect_tensor(name, "the logits", logits, (*written.shape, VOCAB), like=torch.empty(0))
+            written = torch.cat([written, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    real = tgt != PAD
+    return sum(bool(torch.equal(written[b][real[b]], tgt[b][real[b]])) for b in range(src.size(0)))
 
 
 # ------------------------------------------------------------------------------- teacher_forcing_loss
