@@ -63,7 +63,9 @@ def jupyterlab(root: Path, scratch: Path, token: str, config_path: Path | None =
     if config_path is not None:
         env["JUPYTER_CONFIG_PATH"] = str(config_path)
     command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-               "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+               "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+               # window.jupyterapp: the tests wait on JupyterLab's own state (a kernel's info applied, a save done).
+               "--LabApp.expose_app_in_browser=True"]
     log = open(scratch / "jupyterlab.log", "w")
     server = subprocess.Popen(command, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/"

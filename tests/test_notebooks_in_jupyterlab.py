@@ -7,7 +7,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from autograde_tests import course
 
@@ -26,38 +25,54 @@ def lab(tmp_path_factory):
         yield root, base, instance
 
 
-def open_then_save(lab, relative: str) -> bool:
-    """Open ``relative`` in JupyterLab, wait for its kernel, save without editing; was it marked modified?"""
-    _, base, instance = lab
+# In the open notebook: wait until JupyterLab has written the kernel's language_info into it (it does so when
+# the kernel's info arrives), then save it and wait for the save to finish. Returns whether JupyterLab had
+# marked it modified by then. Waits on JupyterLab's own state and signals, never on a timer.
+SAVE_ONCE_THE_KERNEL_IS_KNOWN = """async () => Promise.race([new Promise((_, reject) => setTimeout(() =>
+  reject(new Error("the kernel's language_info never reached the notebook, or the save never ended")), 120000)),
+  (async () => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  await panel.context.ready;
+  await panel.sessionContext.ready;
+  // Compared with sorted keys: the file and the kernel list them in different orders.
+  const canonical = value => JSON.stringify(value, (key, v) =>
+    v && typeof v === "object" && !Array.isArray(v) ? Object.fromEntries(Object.entries(v).sort()) : v);
+  const expected = canonical((await panel.sessionContext.session.kernel.info).language_info);
+  const applied = () => canonical(panel.model.getMetadata("language_info")) === expected;
+  while (!applied()) {
+    await new Promise(resolve => {
+      const changed = () => { panel.model.metadataChanged.disconnect(changed); resolve(); };
+      panel.model.metadataChanged.connect(changed);
+    });
+  }
+  const dirty = panel.model.dirty;
+  await panel.context.save();
+  return dirty;
+})()])"""
+
+
+def open_then_save(lab, relative: str) -> tuple[bool, bytes]:
+    """Open ``relative`` in JupyterLab, let its kernel start, save without editing: whether JupyterLab marked
+    it modified once it knew the kernel, and the saved bytes."""
+    root, base, instance = lab
     page = instance.new_page()
     try:
         # A workspace of its own, reset: JupyterLab would otherwise reopen the notebooks opened before.
         workspace = relative.replace("/", "-").replace(".", "-")
         page.goto(f"{base}lab/workspaces/{workspace}/tree/{relative}?reset&token={TOKEN}")
-        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=60000)
-        # JupyterLab writes the kernel's language_info into the notebook when the kernel replies.
-        page.get_by_text("Kernel status: Idle").first.wait_for(state="attached", timeout=60000)
-        # The kernel's reply reaches the notebook just after: give a change the time to show.
-        dirty = page.locator(".lm-TabBar-tab.jp-mod-current.jp-mod-dirty")
-        try:
-            dirty.wait_for(state="attached", timeout=5000)
-            modified = True
-        except PlaywrightTimeout:
-            modified = False
-        page.keyboard.press("Control+s")
-        dirty.wait_for(state="detached", timeout=30000)
-        page.wait_for_timeout(1000)
-        return modified
+        page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120000)
+        modified = page.evaluate(SAVE_ONCE_THE_KERNEL_IS_KNOWN)
+        return modified, (root / relative).read_bytes()
     finally:
         page.close()
 
 
 @pytest.mark.parametrize("chapter", course.chapters(REPO))
 def test_released_notebook_opens_and_saves_unchanged(lab, chapter):
-    root, _, _ = lab
     relative = f"notebooks/{chapter}/{chapter}.ipynb"
-    assert not open_then_save(lab, relative), f"{relative} opens as modified in JupyterLab: run `make release`"
-    assert (root / relative).read_bytes() == (REPO / relative).read_bytes(), f"saving {relative} changed it"
+    modified, saved = open_then_save(lab, relative)
+    assert not modified, f"{relative} opens as modified in JupyterLab: run `make release`"
+    assert saved == (REPO / relative).read_bytes(), f"saving {relative} changed it: run `make release`"
 
 
 def test_a_notebook_without_the_kernel_s_language_info_opens_modified(lab):
@@ -65,4 +80,6 @@ def test_a_notebook_without_the_kernel_s_language_info_opens_modified(lab):
     notebook = nbformat.read(REPO / "notebooks" / "01_attention" / "01_attention.ipynb", as_version=4)
     notebook.metadata["language_info"] = {"name": "python"}
     nbformat.write(notebook, root / "control.ipynb")
-    assert open_then_save(lab, "control.ipynb")
+    written = (root / "control.ipynb").read_bytes()
+    modified, saved = open_then_save(lab, "control.ipynb")
+    assert modified and saved != written
