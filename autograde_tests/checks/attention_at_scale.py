@@ -140,7 +140,7 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
             kernel_reported(
                 name,
                 online_softmax,
-                f"reads the chunks {report['reads']} times; they come as an iterator, which can be read once",
+                f"reads the chunks {report['reads']} times; they come as a stream, which an online softmax reads once",
                 "in one loop over the chunks, keep a running maximum m and a running sum l, rescaling l "
                 "by exp(m_old - m_new) whenever the maximum grows.",
             )

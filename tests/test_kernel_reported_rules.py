@@ -1,0 +1,210 @@
+"""A rule that only the learner's kernel can see being kept fails in JupyterLab, and is a note worth no points
+in a graded run, where the kernel is the learner's; the rules the grader checks itself still fail there.
+
+A graded run's proxies come from a session that also reads the learner's source (``grading.execute``): here
+a loopback to an agent in this process with such a reader stands for the sandboxed kernel.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import autograde_tests.reference as R
+from autograde_tests.checks import (
+    check_ffn_as_conv1d,
+    check_generate,
+    check_online_softmax,
+    check_softmax,
+    check_sublayer_connection,
+    check_tiled_attention,
+    check_transformer,
+)
+from autograde_tests.checks import beside, stand_ins
+from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
+from autograde_tests.grading.reach import Reach
+from autograde_tests.reference import hidden_in_grading
+from autograde_tests.remote.proxy import Loopback, Session
+
+from .test_04_ffn_layernorm_residual_checks import CallingTheSublayerTwice, ConvByFunctional, PermutedConvFFN
+from .test_06_decoder_only_checks import make_generate
+from .test_07_attention_at_scale_checks import naive_attention, online_softmax_in_two_passes
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+IMPORTS = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn"
+
+
+def graded(value, chapter: str, source: str = ""):
+    """``value`` as a graded run's grader sees the learner's ``answer``: a proxy, with ``source`` as the cells."""
+    hidden = frozenset(f"autograde_tests.{package}.{module}"
+                       for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
+    loopback = Loopback(hidden)
+    loopback.agent.namespace["answer"] = value
+    return Session(loopback, static_names=Reach([IMPORTS, source])).lookup("answer")
+
+
+def passes_with_a_note(check, answer, note: str, capsys, **kwargs) -> None:
+    check(answer, **kwargs)
+    printed = capsys.readouterr().out
+    assert NOTE in printed and note in printed and "✔" in printed, printed
+
+
+# ------------------------------------------------------------------------------------ the mechanism
+
+
+def test_only_a_graded_session_is_a_graded_run():
+    assert in_a_graded_run(graded(len, "01_attention"))
+    assert not in_a_graded_run(Loopback().expose("answer", len))  # the suite's own wire: learner mode
+    assert not in_a_graded_run(len)
+
+
+def test_a_kernel_reported_rule_fails_in_learner_mode_and_is_a_note_in_a_graded_run(capsys):
+    with pytest.raises(AssertionError, match="softmax: uses something"):
+        kernel_reported("softmax", len, "uses something", "do otherwise")
+    kernel_reported("softmax", graded(len, "01_attention"), "uses something", "do otherwise")
+    assert capsys.readouterr().out == f"softmax: {NOTE}: uses something\nHint: do otherwise\n"
+
+
+# ------------------------------------------------------------------------ chapter 1: forbidden built-ins
+
+NN_SOFTMAX = "def answer(x, dim=-1):\n    return torch.nn.Softmax(dim=dim)(x)"
+RUN_TIME_NAME = ("def answer(x, dim=-1):\n"
+                 "    return getattr(torch, bytes([115, 111, 102, 116, 109, 97, 120]).decode())(x, dim)")
+
+
+def _defined(source: str):
+    namespace: dict = {}
+    exec(f"{IMPORTS}\n{source}", namespace)
+    return namespace["answer"]
+
+
+def silence_the_operator_record(monkeypatch):
+    """What a learner's cell can do to the kernel's record of the operators that ran."""
+    monkeypatch.setattr(beside, "operators_used", lambda fn, args: [])
+
+
+def test_nn_softmax_is_a_built_in_softmax_in_learner_mode():
+    with pytest.raises(AssertionError, match=r"calls a built-in softmax .*softmax"):
+        check_softmax(_defined(NN_SOFTMAX))
+
+
+def test_nn_softmax_fails_a_graded_run_by_the_source_with_the_kernels_record_silenced(monkeypatch):
+    silence_the_operator_record(monkeypatch)
+    with pytest.raises(AssertionError, match=r"calls a built-in softmax .*\(Softmax\)"):
+        check_softmax(graded(_defined(NN_SOFTMAX), "01_attention", NN_SOFTMAX))
+
+
+def test_a_softmax_named_at_run_time_is_seen_by_the_kernel_alone_so_a_graded_run_notes_it(capsys):
+    with pytest.raises(AssertionError, match="calls a built-in softmax"):
+        check_softmax(_defined(RUN_TIME_NAME))
+    passes_with_a_note(check_softmax, graded(_defined(RUN_TIME_NAME), "01_attention", RUN_TIME_NAME),
+                       "calls a built-in softmax", capsys)
+
+
+# ------------------------------------------------------------------------- chapter 7: how it is computed
+
+
+def test_plain_attention_is_a_note_in_a_graded_run_and_wrong_values_still_fail(capsys):
+    passes_with_a_note(check_tiled_attention, graded(naive_attention, "07_attention_at_scale"),
+                       "you built the full score matrix", capsys)
+    unscaled = lambda q, k, v, block_q, block_k, causal=False: naive_attention(q * math.sqrt(q.size(-1)), k, v,
+                                                                               block_q, block_k, causal)
+    with pytest.raises(AssertionError, match="tiled_attention: the output"):
+        check_tiled_attention(graded(unscaled, "07_attention_at_scale"))
+
+
+def test_patching_the_watcher_gains_nothing_in_a_graded_run(monkeypatch, capsys):
+    """A watcher that reports no tensor made and one read changes no score: the note goes, the points stay."""
+    honest_report = beside.watched
+    monkeypatch.setattr(beside, "watched", lambda *a, **k: honest_report(*a, **k) | {"largest": None, "reads": 1})
+    check_tiled_attention(graded(naive_attention, "07_attention_at_scale"))
+    assert "✔ tiled_attention" in capsys.readouterr().out
+
+
+def test_two_passes_over_the_chunks_are_a_note_in_a_graded_run(capsys):
+    passes_with_a_note(check_online_softmax, graded(online_softmax_in_two_passes, "07_attention_at_scale"),
+                       "reads the chunks 2 times", capsys)
+
+
+# -------------------------------------------------------------------------------- chapter 4
+
+
+class ConvWithTheWeightsKeptElsewhere(PermutedConvFFN):
+    """Convolutions with the right weights, and a forward that uses copies of the linear layers' weights."""
+
+    def __init__(self, ffn):
+        super().__init__(ffn)
+        self.kept = [p.detach().clone() for p in (ffn.linear1.weight, ffn.linear1.bias, ffn.linear2.weight,
+                                                   ffn.linear2.bias)]
+
+    def forward(self, x):
+        w1, b1, w2, b2 = (t.to(x) for t in self.kept)
+        return F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+
+
+def test_convolutions_called_as_functions_are_a_note_in_a_graded_run(capsys):
+    passes_with_a_note(check_ffn_as_conv1d, graded(ConvByFunctional, "04_ffn_layernorm_residual"),
+                       "is never called", capsys)
+
+
+@pytest.mark.parametrize("where", ["learner mode", "graded run"])
+def test_weights_kept_outside_the_convolutions_fail_by_their_values(where):
+    answer = ConvWithTheWeightsKeptElsewhere
+    answer = graded(answer, "04_ffn_layernorm_residual") if where == "graded run" else answer
+    match = "is never called" if where == "learner mode" else "does not compute the FFN of those weights"
+    with pytest.raises(AssertionError, match=match):
+        check_ffn_as_conv1d(answer)
+
+
+def test_a_sublayer_called_twice_is_a_note_in_a_graded_run(capsys):
+    passes_with_a_note(check_sublayer_connection, graded(CallingTheSublayerTwice, "04_ffn_layernorm_residual"),
+                       "calls the sublayer 2 times", capsys)
+
+
+def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
+    layers = beside.position_wise_sublayer({"0.weight": torch.eye(3), "0.bias": torch.zeros(3)})
+    assert not any(isinstance(m, nn.ReLU) for m in layers.modules())
+    assert not hasattr(beside, "ffn_sublayer")
+
+
+# -------------------------------------------------------------------------------- chapter 6
+
+
+def test_generate_without_the_cache_is_a_note_in_a_graded_run(capsys):
+    passes_with_a_note(check_generate, graded(make_generate(use_the_cache=False), "06_decoder_only"),
+                       "use_cache=True but the model was given", capsys)
+
+
+# -------------------------------------------------------------------------------- chapter 5
+
+
+class Memoriser(R.Transformer):
+    """Gives the logits of the labels it was trained on, for the sources it was trained on; untrained otherwise."""
+
+    memory: dict = {}
+
+    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
+        logits = super().forward(src, tgt, src_padding_mask, tgt_padding_mask)
+        for b, row in enumerate(src.tolist()):
+            labels = self.memory.get(tuple(row))
+            if labels is not None:
+                logits[b] = 100 * F.one_hot(labels[: tgt.size(1)], logits.size(-1)).to(logits)
+        return logits
+
+
+def memorise(model, src, decoder_input, labels, pad, steps, lr, stop) -> dict:
+    """``stand_ins.train_on_batch`` as a learner's cell could replace it: it keeps the labels it is sent."""
+    model.memory.update({tuple(row): labels[b] for b, row in enumerate(src.tolist())})
+    return {"losses": [0.0], "unused": []}
+
+
+@pytest.mark.parametrize("where", ["learner mode", "graded run"])
+def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monkeypatch):
+    monkeypatch.setattr(stand_ins, "train_on_batch", memorise)
+    monkeypatch.setattr(Memoriser, "memory", {})
+    answer = graded(Memoriser, "05_transformer") if where == "graded run" else Memoriser
+    with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):
+        check_transformer(answer)
