@@ -140,13 +140,16 @@ def test_the_linked_student_folder_is_refused_only_for_the_chapter_behind_it(gra
     assert f"linked_student_folder/{OTHER}" not in state
 
 
-def test_no_solution_or_hidden_test_reaches_autograded_or_feedback(graded):
+def test_no_solution_reaches_autograded_and_no_hidden_test_reaches_feedback(graded):
+    """(nbgrader's autograded/ is the instructor's: it holds the hidden tests, never the solutions.)"""
     root, _, _ = graded
     written = [p for folder in ("autograded", "feedback") for p in (root / folder).rglob("*") if p.is_file()]
-    assert written and all(not p.is_symlink() for p in written)
+    assert sorted({p.relative_to(root).parts[1] for p in written}) == ["canary"]
+    assert all(not p.is_symlink() for p in written)
     for path in written:
-        text = path.read_text()
-        assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text, path
+        assert "BEGIN SOLUTION" not in path.read_text(), path
+    for path in (root / "feedback").rglob("*.html"):
+        assert "BEGIN HIDDEN TESTS" not in path.read_text(), path
 
 
 def test_the_canary_keeps_its_exact_full_score_and_its_collected_files(graded):
