@@ -1,26 +1,49 @@
-"""nbgrader's Execute, with the verdicts made outside the kernel.
+"""nbgrader's Execute, with the verdicts made outside the kernel and the kernel's messages bounded.
 
 The learner's cells run in the (sandboxed) kernel as nbgrader runs them. A graded test cell does not:
 the grader runs its checks itself (``judge``) against proxies of the learner's objects, each request to
 the kernel a cell of its own that the notebook never shows, and the verdict becomes that cell's outputs,
-from which nbgrader's SaveAutoGrades takes the score. What the kernel prints is capped here, in the
-grader, where the learner cannot lift the cap.
+from which nbgrader's SaveAutoGrades takes the score. All the requests of one test cell share the cell's
+time limit (the kernel's time: the grader's own work while judging does not count).
+
+Everything the kernel sends is bounded here, in the grader, where the learner cannot lift the bounds:
+
+- zmq refuses a frame over ``FRAME_BYTES`` before the grader reads it (``MAXMSGSIZE``: it cuts that
+  connection, which the grader then makes again), and keeps few messages waiting (``RCVHWM``);
+- a message's content is parsed only when it fits what the grader would keep of it (``BoundedChannel``);
+- every message of a cell counts against the output cap (``output_chars``), whatever its type; the
+  reply to one of the grader's requests is taken aside instead, only while the grader waits for it, one
+  per request, up to ``REPLY_BYTES``;
+- the error of an execute reply (what nbgrader adds when no output shows it) counts against the cap too.
 """
 
 import importlib
-import json
+import math
 import threading
+import time
 
 import nbformat
+import zmq
+from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.channels import AsyncZMQSocketChannel
+from jupyter_core.utils import run_sync
 from nbclient.exceptions import DeadKernelError
 from nbgrader.preprocessors import Execute
-from traitlets import Enum, Integer
+from traitlets import Bool, Enum, Integer, Type
 
 from ..nbgrader_course import is_test_cell
-from ..remote import MIME
+from ..remote import MIME, wire
 
 AGENT = "autograde_tests.remote.agent"
-REPLY_CHARS = 256 * 2**20  # a reply's own limit (the wire refuses more than 64 MiB of tensors)
+REPLY_BYTES = wire.MAX_BYTES * 4 // 3 + 2**20  # a reply's own limit: the longest text the wire reads, and its envelope
+FRAME_BYTES = REPLY_BYTES + 2**20  # zmq cuts a connection that brings a larger frame, unread
+WAITING = 8  # messages zmq keeps for the grader on each socket: past it, the kernel waits (or zmq drops)
+HEADER_BYTES = 64 * 2**10  # a message's header, parent header or metadata, each
+SHELL_BYTES = 2**20  # an execute reply's content
+NAME_CHARS = 200  # an exception's name, as the grader keeps it
+CONTROL = ("status", "execute_input")  # what tells nbclient where a cell stands; nothing of them is kept
+# Outputs nbclient builds from what the kernel wrote: content it cannot read is the kernel's, dropped.
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError, nbformat.ValidationError)
 
 TRUNCATED = "\n[output truncated by the grader]\n"
 
@@ -36,21 +59,115 @@ class KernelSilent(Exception):
     """The kernel gave no answer to a request (it timed out, or the learner replaced the agent)."""
 
 
+class BoundedChannel(AsyncZMQSocketChannel):
+    """A channel that parses a message's content only when it is at most ``limit()`` bytes.
+
+    Every message it returns carries ``bytes``, the size of its content and buffers as they arrived; a
+    larger one comes back ``oversized``; one that cannot be read (headers over ``HEADER_BYTES``, not
+    JSON, a bad signature) comes back as an ``unreadable`` message of no cell's, which nbclient ignores.
+    """
+
+    limit = staticmethod(lambda: HEADER_BYTES)
+
+    async def _recv(self, **kwargs) -> dict:
+        frames = await self.socket.recv_multipart(**kwargs)
+        try:
+            _, parts = self.session.feed_identities(frames)
+            size = sum(len(part) for part in parts[4:])
+            if len(parts) < 5 or any(len(part) > HEADER_BYTES for part in parts[1:4]):
+                return _unreadable(size)
+            readable = size <= self.limit()
+            message = self.session.deserialize(parts, content=readable)
+            if not (isinstance(message["parent_header"], dict) and isinstance(message["msg_type"], str)
+                    and (not readable or isinstance(message["content"], dict))):
+                return _unreadable(size)
+        except Exception:  # whatever the kernel sent, it is not a message the grader reads
+            return _unreadable(sum(len(frame) for frame in frames))
+        message["bytes"] = size
+        return message if readable else self.oversized(message)
+
+    def oversized(self, message: dict) -> dict:
+        return message | {"content": {}, "buffers": [], "oversized": True}
+
+
+class BoundedShellChannel(BoundedChannel):
+    """The shell channel: an execute reply over ``SHELL_BYTES`` becomes an error that says so."""
+
+    limit = staticmethod(lambda: SHELL_BYTES)
+
+    def oversized(self, message: dict) -> dict:
+        error = {"status": "error", "ename": "ReplyTooLarge", "traceback": [],
+                 "evalue": f"the kernel's reply was {message['bytes']} bytes, over the grader's {SHELL_BYTES}"}
+        return message | {"content": error, "buffers": []}
+
+
+class BoundedClient(AsyncKernelClient):
+    """The grader's client of a graded kernel: bounded channels on sockets zmq bounds, and only those
+    nbclient reads (a socket nobody reads, stdin or control, the kernel could fill at will)."""
+
+    shell_channel_class = Type(BoundedShellChannel)
+    iopub_channel_class = Type(BoundedChannel)
+
+    def _context_default(self):
+        context = super()._context_default()
+        # Defaults of every socket made in this context, so of every socket this client makes.
+        context.setsockopt(zmq.MAXMSGSIZE, FRAME_BYTES)
+        context.setsockopt(zmq.RCVHWM, WAITING)
+        return context
+
+    def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
+        # nbclient asks the kernel manager, not the heartbeat, whether the kernel lives.
+        super().start_channels(shell=shell, iopub=iopub, stdin=False, hb=False, control=False)
+        self.monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+                         for channel in (self.shell_channel, self.iopub_channel)]
+
+    def lost(self) -> bool:
+        """Whether zmq cut a connection to the kernel (a frame over ``FRAME_BYTES``); zmq never makes it again."""
+        return any(monitor.get(zmq.EVENTS) & zmq.POLLIN for monitor in self.monitors)
+
+
 class GraderExecute(Execute):
-    output_chars = Integer(1_000_000, help="characters of output the learner's cells may print in all").tag(config=True)
+    output_chars = Integer(1_000_000, help="bytes of messages the learner's cells may send in all").tag(config=True)
     # A graded kernel is thrown away: killed at once, it does not make every submission wait for its farewell.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
+    # A cell whose last messages never came (lost in a flood, or with a connection zmq cut) ends there,
+    # without them; nbgrader's default would fail the whole notebook.
+    raise_on_iopub_timeout = Bool(False).tag(config=True)
     # A kernel the worker started ahead, used for this notebook. A class attribute, set on a subclass:
     # nbgrader deep-copies its configuration, and a running kernel cannot be copied.
     started = None
 
     def preprocess(self, nb, resources=None, km=None):
         self.printed = 0
+        self.awaiting = False  # whether the grader waits for the reply to a request of its own
+        self.reply: str | None = None
+        self.budget: float | None = None  # seconds the kernel has left to answer the test cell being judged
+        self.timeout_func = self._timeout_for
         # The judging code (torch, the checks, the reference) loads while the kernel starts and runs the
         # learner's first cells: the worker mostly waits on the kernel then.
         self.judging = threading.Thread(target=_load_judging, daemon=True)
         self.judging.start()
-        return super().preprocess(nb, resources, km or self.started)
+        try:
+            return super().preprocess(nb, resources, km or self.started)
+        finally:  # nbclient keeps the client of a kernel it did not start: its sockets and queues go now
+            if self.kc is not None:
+                self.kc.stop_channels()
+                self.kc = None
+
+    async def async_start_new_kernel_client(self):
+        self.km.client_factory = BoundedClient
+        client = await super().async_start_new_kernel_client()
+        client.iopub_channel.limit = self._iopub_limit
+        return client
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient's sync name calls its own
+
+    def execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        """nbclient's, on connections made again first if zmq cut one (the kernel sent a frame over the limit)."""
+        if self.kc is not None and self.kc.lost():
+            self.kc.stop_channels()
+            self.start_new_kernel_client()
+        return super().execute_cell(cell, cell_index, execution_count, store_history)
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):
@@ -62,39 +179,135 @@ class GraderExecute(Execute):
 
         before = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not is_test_cell(c)]
         session = Session(lambda request: self._ask(request, index), static_names=Reach(before))
-        cell.outputs = judge.judge(cell.source, session)
+        self.budget = self.timeout
+        try:
+            cell.outputs = judge.judge(cell.source, session)
+        finally:
+            self.budget = None
         self.nb.cells[index] = cell  # nbclient put each request's cell in its place
         return cell, resources
 
     def _ask(self, request: str, index: int) -> str:
         """One request to the agent in the kernel, run as a cell the notebook never shows; its reply."""
+        if self.budget is not None and self.budget <= 0:
+            raise KernelSilent(f"the kernel used up the test cell's {self.timeout} s")
         code = f"__import__({AGENT!r}, fromlist=['serve']).serve(globals(), {request!r})"
         probe = nbformat.v4.new_code_cell(code)
+        self.awaiting, self.reply = True, None
+        start = time.monotonic()
         try:
             self.execute_cell(probe, index, store_history=False)
         except DeadKernelError as exc:
             raise KernelDied(str(exc)) from None
-        for output in probe.outputs:
-            reply = output.get("data", {}).get(MIME) if output.output_type == "display_data" else None
-            if isinstance(reply, dict) and isinstance(reply.get("reply"), str):
-                return reply["reply"]
+        finally:
+            self.awaiting = False
+            if self.budget is not None:
+                self.budget -= time.monotonic() - start
+        if self.reply is not None:
+            return self.reply
         errors = [f"{o.ename}: {o.evalue}" for o in probe.outputs if o.output_type == "error"]
         raise KernelSilent("the kernel did not answer the grader" + (f" ({errors[0][:200]})" if errors else ""))
 
-    def output(self, outs, msg, display_id, cell_index):
-        """Keep what the kernel sends until ``output_chars`` are spent (the grader's replies, up to their own limit)."""
-        content = msg.get("content", {})
-        if MIME in content.get("data", {}):
-            size, limit = len(json.dumps(content["data"][MIME])), REPLY_CHARS
-        else:
-            size, limit = len(json.dumps(content)), self.output_chars - self.printed
-            self.printed += size
-        if size > limit:
-            if limit > 0 and msg["msg_type"] == "stream":
-                outs.append(nbformat.v4.new_output("stream", name="stdout", text=TRUNCATED))
-                self.printed = self.output_chars
+    def _timeout_for(self, cell) -> int | None:
+        """A cell's time limit; for a request, what its test cell's requests have left of theirs."""
+        return self.timeout if self.budget is None else max(1, math.ceil(self.budget))
+
+    def _iopub_limit(self) -> int:
+        """The largest content worth parsing now: a reply while one is awaited, else what the cap has left."""
+        return REPLY_BYTES if self.awaiting else max(self.output_chars - self.printed, HEADER_BYTES)
+
+    def process_message(self, msg, cell, cell_index):
+        """A message of a cell: the awaited reply is taken aside; any other counts against the cap before
+        nbclient keeps anything of it, and only outputs and clear_output reach nbclient."""
+        if self._is_reply(msg):
+            self.awaiting, self.reply = False, msg["content"]["data"][MIME]["reply"]
             return None
-        return super().output(outs, msg, display_id, cell_index)
+        if msg["msg_type"] in CONTROL and not msg.get("oversized"):
+            return super().process_message(_control(msg), cell, cell_index)
+        if not self._spend(msg["bytes"], cell.outputs) or msg.get("oversized") or msg["msg_type"].startswith("comm"):
+            return None  # comm messages too: they only carry widgets' state, which grading never shows
+        try:
+            return super().process_message(_without_display_id(msg), cell, cell_index)
+        except MALFORMED:
+            return None
+
+    def _is_reply(self, msg: dict) -> bool:
+        if not (self.awaiting and msg["msg_type"] == "display_data" and not msg.get("oversized")):
+            return False
+        data = msg["content"].get("data")
+        reply = data.get(MIME) if isinstance(data, dict) else None
+        return isinstance(reply, dict) and isinstance(reply.get("reply"), str)
+
+    def _spend(self, size: int, outputs: list) -> bool:
+        """Whether ``size`` more bytes fit in the cap (then they are counted); the first that do not, say so."""
+        if self.printed + size <= self.output_chars:
+            self.printed += size
+            return True
+        if self.printed < self.output_chars:
+            outputs.append(nbformat.v4.new_output("stream", name="stdout", text=TRUNCATED))
+            self.printed = self.output_chars
+        return False
+
+    def on_cell_executed(self, **kwargs):
+        """nbgrader's (it adds the execute reply's error when no output shows it), with that error cut to
+        what the cap has left, and counted."""
+        cell, reply = kwargs["cell"], kwargs["execute_reply"]["content"]
+        if reply.get("status") != "error":
+            return
+        error, size = _bounded_error(reply, self.output_chars - self.printed)
+        shown = len(cell.outputs)
+        super().on_cell_executed(**kwargs | {"execute_reply": {"content": error}})
+        if len(cell.outputs) > shown:
+            self.printed += size
+
+
+def _unreadable(size: int) -> dict:
+    return {"header": {}, "msg_id": "", "msg_type": "unreadable", "parent_header": {}, "metadata": {},
+            "content": {}, "buffers": [], "bytes": size}
+
+
+def _control(msg: dict) -> dict:
+    """A status or execute_input message as nbclient reads it, with nothing else of what the kernel put in it."""
+    content = msg["content"]
+    kept = {key: content[key] for key in ("execution_state", "execution_count") if key in content}
+    if not isinstance(kept.get("execution_state", ""), str):
+        del kept["execution_state"]
+    if type(kept.get("execution_count", 0)) is not int:
+        del kept["execution_count"]
+    if msg["msg_type"] == "status":
+        kept.setdefault("execution_state", "unknown")
+    return msg | {"content": kept}
+
+
+def _without_display_id(msg: dict) -> dict:
+    """``msg`` without a display id: nbclient would copy an update into every output with that id, past the cap.
+
+    An update of an earlier display is counted, then ignored, as nbclient ignores an update without an id.
+    """
+    content = dict(msg["content"])
+    content.pop("transient", None)
+    if type(content.get("execution_count", 0)) is not int:
+        content.pop("execution_count")
+    return msg | {"content": content}
+
+
+def _bounded_error(reply: dict, room: int) -> tuple[dict, int]:
+    """An execute reply's error as text only, cut to ``room`` characters (and a mark); its size."""
+    ename = _text(reply.get("ename"))[:NAME_CHARS]
+    evalue = _text(reply.get("evalue"))[:max(room, 0)]
+    traceback, used = [], len(evalue)
+    lines = reply.get("traceback") if isinstance(reply.get("traceback"), list) else []
+    for line in map(_text, lines):
+        if used + len(line) > room:
+            traceback.append(TRUNCATED.strip())
+            break
+        traceback.append(line)
+        used += len(line)
+    return {"status": "error", "ename": ename, "evalue": evalue, "traceback": traceback}, used
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _load_judging() -> None:
