@@ -1,8 +1,8 @@
 """Packages whose names are imported from their chapter's module on first use.
 
-A graded kernel is given the earlier chapters' reference but not the chapter it is graded on; with
-lazy names, ``from autograde_tests.reference import MultiHeadAttention`` still works there, and only
-asking for a hidden chapter's name fails.
+A graded kernel is given the earlier chapters' reference but not the chapter it is graded on, and none
+of the checks; with lazy names, ``from autograde_tests.reference import MultiHeadAttention`` still works
+there, and only asking for a hidden module's name fails (with the reason its stand-in gives).
 """
 
 import importlib

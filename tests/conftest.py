@@ -5,6 +5,7 @@ A check test runs once with the learner's object in this process, as in JupyterL
 run. Both must give the same verdict and the same message.
 """
 
+import importlib
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,9 @@ import torch
 from hypothesis import strategies as st
 
 from autograde_tests.checks import harness
-from autograde_tests.grading import bubblewrap
-from autograde_tests.reference import hidden_in_grading
-from autograde_tests.remote.proxy import Loopback
+from autograde_tests.grading import bubblewrap, kernel_view
+from autograde_tests.remote.agent import Agent
+from autograde_tests.remote.proxy import Session
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
 dtypes = st.sampled_from(harness.DTYPES)  # hypothesis: float32 and float64
@@ -52,16 +53,29 @@ def learner_side(request, monkeypatch):
 
 
 def _through_the_wire(check):
-    """``check``, given a proxy of the learner's object; the agent cannot load (unpickle) what a kernel
-    graded on the check's chapter could not import: that chapter's and later chapters' reference and checks."""
+    """``check``, given a proxy of the learner's object, which lives with an agent that stands in for a
+    kernel graded on the check's chapter."""
     chapter = check.__module__.rsplit(".", 1)[-1]
-    hidden = frozenset(f"autograde_tests.{package}.{module}"
-                       for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
 
     def wrapped(learner, *args, **kwargs):
-        return check(Loopback(hidden).expose("learner", learner), *args, **kwargs)
+        kernel = kernel_stand_in(chapter)
+        kernel.namespace["learner"] = learner
+        return check(Session(kernel.handle).lookup("learner"), *args, **kwargs)
 
     return wrapped
+
+
+def kernel_stand_in(chapter: str) -> Agent:
+    """An agent in this process that, like one in a kernel graded on ``chapter``, can load (for a pickle,
+    or to run beside the learner's code) no course module that the sandbox hides (``kernel_view``)."""
+    hidden = frozenset(kernel_view.hidden(chapter))
+
+    def import_module(name: str):
+        if name in hidden:
+            raise ImportError(f"{name} is not available in the graded kernel (it would give the answer away)")
+        return importlib.import_module(name)
+
+    return Agent({}, import_module=import_module)
 
 
 def pytest_terminal_summary(terminalreporter):

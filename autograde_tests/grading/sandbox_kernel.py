@@ -7,9 +7,10 @@ which sets the limits (memory, file size, no core dumps) and becomes ``bwrap`` r
   process the learner starts dies with the kernel (``--die-with-parent``), and the kernel with the
   grading worker that started it; no network but its own loopback; a new session (no terminal to
   write into);
-- read-only: the system's ``/usr``, the Python installation and the course's environment; the course
-  package, minus the reference of the graded chapter and of every later one (an empty module that
-  says so stands in for each, and their compiled copies are hidden);
+- read-only: the system's ``/usr``, the Python installation and the course's environment; of the course
+  package only what the kernel needs (``kernel_view``: the agent, what runs beside the learner's code, the
+  earlier chapters' reference); a module that says why stands in for every other, the graded chapter's
+  reference and every check among them, and compiled copies are hidden;
 - writable: a private tmpfs of limited size (home and working folder), and the folder holding the
   connection file and the kernel's sockets, which the grader reaches through it.
 
@@ -28,13 +29,12 @@ from pathlib import Path
 
 import autograde_tests
 from autograde_tests.grading import bubblewrap
-from autograde_tests.reference import hidden_in_grading
+from autograde_tests.grading.kernel_view import hiding_arguments
 
 FILE_BYTES = 64 * 2**20  # the largest file the kernel may write (caches included)
 TMP_BYTES = 256 * 2**20  # the kernel's private writable space
 NOBODY = 65534
 PR_SET_PDEATHSIG = 1
-HIDDEN = Path(__file__).with_name("hidden_reference.py")
 
 
 def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
@@ -52,11 +52,7 @@ def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
     for prefix in prefixes:
         arguments += ["--ro-bind", prefix, prefix]
     arguments += ["--ro-bind", str(package), str(package)]
-    reference = package / "reference"
-    for module in hidden_in_grading(chapter):
-        arguments += ["--ro-bind", str(HIDDEN), str(reference / f"{module}.py")]
-    if (reference / "__pycache__").is_dir():
-        arguments += ["--tmpfs", str(reference / "__pycache__")]
+    arguments += hiding_arguments(chapter)  # of the package, only what the kernel needs (``kernel_view``)
     arguments += ["--bind", str(exchange), str(exchange), "--chdir", "/tmp", "--clearenv"]
     for key, value in _environment("/tmp").items():
         arguments += ["--setenv", key, value]

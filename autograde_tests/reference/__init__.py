@@ -21,9 +21,10 @@ __all__, __getattr__ = exports(__name__, CHAPTER_MODULES)
 
 
 def hidden_in_grading(chapter: str) -> list[str]:
-    """The modules a kernel graded on ``chapter`` (e.g. ``"03_attention_variants"``, or its module name
-    ``"attention_variants"``) must not see: that chapter's and every later one's, each would hand over
-    the answer. Chapter ids drop their number to name modules."""
+    """The chapters' modules a kernel graded on ``chapter`` (e.g. ``"03_attention_variants"``, or its module
+    name ``"attention_variants"``) must not see: that chapter's and every later one's, each would hand over
+    the answer. Chapter ids drop their number to name modules. (Of the rest of the package, the kernel is
+    given even less: ``grading.kernel_view``.)"""
     module = chapter.split("_", 1)[1] if chapter[:1].isdigit() else chapter
     order = list(CHAPTER_MODULES)
     return order[order.index(module):]

@@ -1,0 +1,71 @@
+"""What of the course a graded kernel can import: the few modules it needs, and a stub for every other.
+
+A kernel graded on a chapter runs the learner's cells and the agent that answers the grader; the checks
+themselves run in the grader. In there it needs only
+
+- the agent and its wire (``remote.agent``, ``remote.wire``), which the kernel preloads as it starts;
+- what the checks run next to the learner's code (``checks.beside``, ``checks.stand_ins``: PyTorch alone,
+  and no answer to an exercise);
+- the earlier chapters' reference, which the chapter's notebook imports as its building blocks;
+- the packages above these, and ``lazy``, by which their names are imported from a chapter's module on
+  first use.
+
+Every other module of the package is hidden, whatever it is: the graded chapter's reference and later
+ones (the answer), every chapter's checks (their mistake generators are the reference with a flag, so
+with the default flags they are the answer), and the rest (the grader, training, the book's tools),
+which the kernel never needs. A new module is hidden until it is named here. The sandbox binds the stub
+``hidden_reference.py`` over each hidden file, so that reading the source finds nothing either and an
+import by name (``from autograde_tests.checks import check_gpt``) fails with a reason; every folder of
+compiled copies (``__pycache__``) is an empty read-only tmpfs. The suite's stand-in for the kernel
+(``tests/conftest.py``) refuses to import the same list.
+"""
+
+from pathlib import Path
+
+import autograde_tests
+from autograde_tests.reference import CHAPTER_MODULES, hidden_in_grading
+
+PACKAGE = Path(autograde_tests.__file__).resolve().parent
+STUB = Path(__file__).with_name("hidden_reference.py")
+KERNEL_NEEDS = frozenset({
+    "autograde_tests", "autograde_tests.lazy",
+    "autograde_tests.remote", "autograde_tests.remote.agent", "autograde_tests.remote.wire",
+    "autograde_tests.checks", "autograde_tests.checks.beside", "autograde_tests.checks.stand_ins",
+    "autograde_tests.reference",
+})
+
+
+def visible(chapter: str) -> frozenset[str]:
+    """The course modules a kernel graded on ``chapter`` (``"06_decoder_only"`` or ``"decoder_only"``) can
+    import."""
+    earlier = [module for module in CHAPTER_MODULES if module not in hidden_in_grading(chapter)]
+    return KERNEL_NEEDS | {f"autograde_tests.reference.{module}" for module in earlier}
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the course package, by name, with its source file (packages by their ``__init__``)."""
+    found = {}
+    for source in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in source.parts:
+            continue
+        parts = source.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = source
+    return found
+
+
+def hidden(chapter: str) -> list[str]:
+    """The course modules a kernel graded on ``chapter`` cannot import: all but ``visible(chapter)``."""
+    shown = visible(chapter)
+    return [name for name in modules() if name not in shown]
+
+
+def hiding_arguments(chapter: str) -> list[str]:
+    """bubblewrap's arguments that hide them, after the package is bound: the stub over each hidden
+    module's file, and an empty read-only tmpfs over every folder of compiled copies."""
+    arguments = []
+    every = modules()
+    for name in hidden(chapter):
+        arguments += ["--ro-bind", str(STUB), str(every[name])]
+    for cache in sorted(PACKAGE.rglob("__pycache__")):
+        arguments += ["--size", "4096", "--tmpfs", str(cache), "--remount-ro", str(cache)]
+    return arguments
