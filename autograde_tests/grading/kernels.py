@@ -3,13 +3,22 @@
 A kernel boots in its own process (bubblewrap, then ipykernel importing torch and the agent), so
 starting the next one as a submission begins hides its start-up behind that submission's grading. A kernel is chapter-specific (it lacks that
 chapter's reference), and it is never reused: the learner's code may have changed anything in it.
+
+Each kernel has a cgroup of its own (``cgroups``), made before it starts and removed, with whatever still
+runs in it, when it is killed; its counters say what the submission used. Before a kernel is handed out,
+a probe checks that it answers and has loaded the grader's own agent and course package: a kernel that
+fails it is the grader's fault (``KernelFault``), never a submission's.
 """
 
 import ctypes
 import json
+import os
+import queue
+import select
 import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,8 +27,18 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
+import autograde_tests
+
+from . import cgroups
+from .sandbox_kernel import sandbox_info, sockets
 
 PR_SET_CHILD_SUBREAPER = 36
+START_SECONDS = 120  # for a kernel to start and answer the probe (it imports torch)
+AGENT = "autograde_tests.remote.agent"
+
+
+class KernelFault(Exception):
+    """The grader could not give a submission a working kernel: its fault, not the learner's."""
 
 
 class WarmKernels:
@@ -30,6 +49,13 @@ class WarmKernels:
         # reaped at once instead of whenever the machine's init gets to it.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.folder, self.memory_bytes, self.sandbox, self.ahead = folder, memory_bytes, sandbox, ahead
+        try:
+            self.hierarchy: cgroups.Hierarchy | None = cgroups.bounds()
+            self.bounds = self.hierarchy.describe(memory_bytes)
+        except cgroups.Unavailable as exc:
+            self.hierarchy = None
+            self.bounds = (f"no cgroup could bound a submission as a whole ({exc}): memory was bounded per process "
+                           f"only ({memory_bytes / 2**30:.1f} GiB each, RLIMIT_AS), and the number of processes not at all")
         self.specs = Path(tempfile.mkdtemp(prefix="kernelspecs-", dir=folder))
         self.chapter: str | None = None
         self.waiting: list[AsyncKernelManager] = []
@@ -38,13 +64,19 @@ class WarmKernels:
         self.launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-launcher")
 
     def take(self, chapter: str) -> AsyncKernelManager:
-        """A started kernel for ``chapter``, the one that has waited longest; the next ones start now."""
+        """A started kernel for ``chapter``, the one that has waited longest; the next ones start now.
+        ``KernelFault`` if it does not pass the probe (it is killed then)."""
         if chapter != self.chapter:  # the batch moved on to another chapter
             self._drop()
             self.chapter = chapter
         kernel = self.waiting.pop(0) if self.waiting else self._start(chapter)
         while len(self.waiting) < self.ahead:
             self.waiting.append(self._start(chapter))
+        try:
+            probe(kernel)
+        except KernelFault:
+            kill(kernel)
+            raise
         return kernel
 
     def close(self) -> None:
@@ -61,38 +93,126 @@ class WarmKernels:
         return self.launcher.submit(self._launch, chapter).result()
 
     def _launch(self, chapter: str) -> AsyncKernelManager:
-        # Its connection file and sockets live in a folder of their own, the one the sandbox shares; a
-        # short path, since a socket's path has at most 107 bytes.
+        # Its connection file and the host's side of its sockets live in a folder of the grader's (the
+        # sandbox sees only the connection file, read-only); a short path, since a socket's path has at
+        # most 107 bytes.
         exchange = Path(tempfile.mkdtemp(prefix="k", dir=self.folder))
+        cgroup = self.hierarchy.create(f"grading-{os.getpid()}-{exchange.name}", self.memory_bytes) if self.hierarchy else None
         specs = KernelSpecManager(kernel_dirs=[str(self.specs)])
-        kernel = AsyncKernelManager(kernel_name=self._spec(chapter, exchange), kernel_spec_manager=specs,
-                                    transport="ipc", ip=str(exchange / "kernel"))
-        kernel.exchange = exchange
-        run_sync(kernel.start_kernel)(extra_arguments=["--HistoryManager.hist_file=:memory:"])
+        kernel = AsyncKernelManager(kernel_name=self._spec(chapter, exchange, cgroup), kernel_spec_manager=specs,
+                                    transport="ipc", ip=str(sockets(exchange) / "kernel"))
+        kernel.exchange, kernel.cgroup = exchange, cgroup
+        if not self.sandbox:
+            sockets(exchange).mkdir()
+            run_sync(kernel.start_kernel)(extra_arguments=["--HistoryManager.hist_file=:memory:"])
+            return kernel
+        os.mkfifo(sandbox_info(exchange), 0o600)
+        info = os.open(sandbox_info(exchange), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            run_sync(kernel.start_kernel)(extra_arguments=["--HistoryManager.hist_file=:memory:"])
+            pid = _sandbox_pid(info, kernel)
+        finally:
+            os.close(info)
+        # The kernel binds its sockets in its own tmpfs; the grader reaches them through its root.
+        if pid is not None:
+            sockets(exchange).symlink_to(f"/proc/{pid}/root{sockets(exchange)}")
         return kernel
 
-    def _spec(self, chapter: str, exchange: Path) -> str:
+    def _spec(self, chapter: str, exchange: Path, cgroup: cgroups.Cgroup | None) -> str:
         """A kernel spec of this worker's: the sandbox launcher, for ``chapter``, talking through ``exchange``."""
         argv = [sys.executable, "-m", "autograde_tests.grading.sandbox_kernel", "--chapter", chapter,
-                "--exchange", str(exchange), "--memory-bytes", str(self.memory_bytes), "-f", "{connection_file}"]
+                "--exchange", str(exchange), "--memory-bytes", str(self.memory_bytes)]
+        for folder in cgroup.folders if cgroup else []:
+            argv += ["--cgroup", str(folder)]
         if not self.sandbox:
-            argv.insert(-2, "--no-sandbox")
+            argv.append("--no-sandbox")
+        argv += ["-f", "{connection_file}"]
         folder = self.specs / exchange.name
         folder.mkdir()
-        # Interrupts travel as messages: a signal to bubblewrap would not reach the kernel inside.
-        spec = {"argv": argv, "display_name": "grading sandbox", "language": "python", "interrupt_mode": "message"}
+        # Interrupts travel as messages: a signal to bubblewrap would not reach the kernel inside. The
+        # launcher imports the course package this process imported, whichever clone it was run from.
+        spec = {"argv": argv, "display_name": "grading sandbox", "language": "python", "interrupt_mode": "message",
+                "env": {"PYTHONPATH": str(Path(autograde_tests.__file__).resolve().parent.parent)}}
         (folder / "kernel.json").write_text(json.dumps(spec))
         return exchange.name
 
 
-def kill(kernel: AsyncKernelManager) -> None:
-    """End the kernel (``terminate``) and remove its connection files and folders."""
+def _sandbox_pid(info: int, kernel: AsyncKernelManager) -> int | None:
+    """The sandbox's first process, as bubblewrap writes it on the FIFO ``info``; None if the launcher
+    ended without (the probe then reports that the kernel did not start)."""
+    process = kernel.provisioner.process
+    data = b""
+    while True:
+        readable, _, _ = select.select([info], [], [], 0.5)
+        if not readable:
+            if process.poll() is not None:  # the launcher ended before it could hand the FIFO to bubblewrap
+                return None
+            continue
+        chunk = os.read(info, 65536)
+        if not chunk:  # bubblewrap wrote what it had and closed it (nothing: it failed before the sandbox)
+            return json.loads(data)["child-pid"] if data else None
+        data += chunk
+
+
+def probe(kernel: AsyncKernelManager) -> None:
+    """Check, before the learner's first cell, that the kernel answers and loaded the grader's own agent
+    from the grader's own course package; ``KernelFault`` saying what is wrong if not."""
+    expected = repr(str(Path(autograde_tests.__file__).resolve()))
+    client = kernel.blocking_client()
+    client.start_channels(hb=False)
+    try:
+        _ask(kernel, client, "kernel_info_reply", client.kernel_info())
+        reply = _ask(kernel, client, "execute_reply", client.execute(
+            "", silent=True, store_history=False, user_expressions={"package": f"__import__({AGENT!r}).__file__"}))
+    finally:
+        client.stop_channels()
+    answer = reply["content"].get("user_expressions", {}).get("package", {})
+    if answer.get("status") != "ok":
+        raise KernelFault(f"the kernel could not import the grader's agent ({answer.get('ename')}: {answer.get('evalue')})")
+    found = answer["data"]["text/plain"]
+    if found != expected:
+        raise KernelFault(f"the kernel imported the course package from {found}, not the grader's {expected}")
+
+
+def _ask(kernel: AsyncKernelManager, client, kind: str, asked: str) -> dict:
+    """The kernel's ``kind`` reply to the request ``asked``; ``KernelFault`` if its process ends or
+    ``START_SECONDS`` pass first."""
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if kernel.provisioner.process.poll() is not None:
+            raise KernelFault(_not_started(kernel))
+        try:
+            reply = client.get_shell_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if reply["parent_header"].get("msg_id") == asked and reply["msg_type"] == kind:
+            return reply
+    raise KernelFault(_not_started(kernel))
+
+
+def _not_started(kernel: AsyncKernelManager) -> str:
+    process = kernel.provisioner.process if kernel.provisioner else None
+    status = process.poll() if process is not None else None
+    if status is not None:
+        return f"the sandboxed kernel did not start (its launcher exited with status {status})"
+    return f"the sandboxed kernel did not answer within {START_SECONDS} s"
+
+
+def kill(kernel: AsyncKernelManager) -> cgroups.Usage | None:
+    """End the kernel (``terminate``), then everything left in its cgroup, and remove its connection files,
+    folders and cgroup. What the cgroup counted (None without one, or on a second call)."""
     terminate(kernel)
-    if not getattr(kernel, "cleaned", False):
-        kernel.cleaned = True
-        run_sync(kernel.cleanup_resources)(restart=False)
-        shutil.rmtree(kernel.exchange, ignore_errors=True)
-        shutil.rmtree(Path(kernel.kernel_spec_manager.kernel_dirs[0]) / kernel.exchange.name, ignore_errors=True)
+    if getattr(kernel, "cleaned", False):
+        return None
+    kernel.cleaned = True
+    usage = None
+    if kernel.cgroup is not None:
+        usage = kernel.cgroup.usage()
+        kernel.cgroup.remove()
+    run_sync(kernel.cleanup_resources)(restart=False)
+    shutil.rmtree(kernel.exchange, ignore_errors=True)
+    shutil.rmtree(Path(kernel.kernel_spec_manager.kernel_dirs[0]) / kernel.exchange.name, ignore_errors=True)
+    return usage
 
 
 def terminate(kernel: AsyncKernelManager) -> None:

@@ -39,7 +39,7 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
 
     confinement = ("Every kernel ran in a bubblewrap sandbox; the graded cells were judged by the grader." if sandboxed
                    else "Kernels ran without a sandbox (--no-sandbox): grades are only as trustworthy as the code.")
-    lines = ["# Class report", "", confinement, "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
+    lines = ["# Class report", "", confinement, *bounds_lines(latest.values()), "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
              "| --- | --- | --- | --- | --- |"]
     for chapter, values in sorted(scores.items()):
         lines.append(f"| {chapter} | {len(values)} | {statistics.mean(values):.0f}% | "
@@ -68,8 +68,9 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
             by_worker[entry["worker"]].append(entry["seconds"])
         lines += ["", "## Who graded what", "", "| worker | submissions | median seconds |", "| --- | --- | --- |"]
         lines += [f"| {w} | {len(s)} | {statistics.median(s):.1f} |" for w, s in sorted(by_worker.items())]
-        lines += ["", "| student | chapter | worker | seconds |", "| --- | --- | --- | --- |"]
-        lines += [f"| {e['student']} | {e['chapter']} | {e['worker']} | {e['seconds']} |" for e in graded]
+        lines += ["", "| student | chapter | worker | seconds | peak memory | peak processes |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        lines += [f"| {e['student']} | {e['chapter']} | {e['worker']} | {e['seconds']} | {_used(e)} |" for e in graded]
     advised = [e for e in latest.values() if e.get("advisories")]
     if advised:
         lines += ["", "## What some submissions' code does (graded as usual; worth a look)", ""]
@@ -79,6 +80,23 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     path = folder / "class_report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def bounds_lines(entries) -> list[str]:
+    """How the submissions ``entries`` (outcomes as dicts) were bounded, one line each way: the grading
+    workers say, and a batch over several machines may have been bounded several ways."""
+    return sorted({e["resources"]["bounds"][0].upper() + e["resources"]["bounds"][1:] + "."
+                   for e in entries if e.get("resources", {}).get("bounds")})
+
+
+def _used(entry: dict) -> str:
+    """A submission's peak memory and processes as its cgroup counted them ("not measured" without one)."""
+    resources = entry.get("resources", {})
+    memory = resources.get("peak_memory_bytes")
+    processes = resources.get("peak_processes")
+    refused = f" ({resources['refused_forks']} forks refused)" if resources.get("refused_forks") else ""
+    return (f"{memory / 2**20:.0f} MiB" if memory is not None else "not measured") + " | " + (
+        f"{processes}{refused}" if processes is not None else "not measured" + refused)
 
 
 def _plot_scores(scores, path: Path) -> None:

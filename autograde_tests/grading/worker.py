@@ -6,8 +6,14 @@ nbgrader, torch and the checks once; per chapter it keeps a scratch course built
 carries (the course's nbgrader configuration and the chapter's instructor notebook); and it keeps one
 sandboxed kernel started ahead (``kernels``). This process is trusted: it runs no learner code (the
 kernel does) and judges the graded cells itself (``execute.GraderExecute``). What it returns is data:
-the scores, the checks' messages, the autograded notebook and its feedback page; the coordinator alone
-writes the course's gradebook and files.
+the scores, the checks' messages, the autograded notebook and its feedback page, and what the OS
+counted for the submission (its cgroup's peak memory and processes); the coordinator alone writes the
+course's gradebook and files.
+
+An outcome is decided from what the OS reports, never from what the learner's code prints or raises: a
+process the OOM killer ended in the submission's cgroup makes it "memory limit exceeded", the grader's
+timer "timed out". A kernel the grader could not start or that failed the probe is the grader's fault:
+the submission needs attention and says so; it is never graded 0.
 """
 
 import atexit
@@ -25,9 +31,7 @@ import nbformat
 import psutil
 
 from .. import nbgrader_course
-from .kernels import WarmKernels, kill, terminate
-
-MEMORY_ERRORS = ("MemoryError", "can't allocate memory", "not enough memory")
+from .kernels import KernelFault, WarmKernels, kill, terminate
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,18 @@ _worker: _Worker | None = None  # made by the first task a worker process runs
 
 def grade(job: Job) -> dict:
     """Autograde ``job`` with nbgrader: ``{"status": "graded", "scores", "max_scores", "messages",
-    "autograded", "feedback", ...}`` or ``{"status": "needs-attention", "reason"}``; always who and how long."""
+    "autograded", "feedback", ...}`` or ``{"status": "needs-attention", "reason"}``; always who, how long
+    and ``resources`` (how the submission was bounded, and what its cgroup counted)."""
     global _worker
     start = time.perf_counter()
     _worker = _worker or _Worker()
     course = _worker.course(job)
-    kernel = _worker.kernel(job)
+    try:
+        kernel = _worker.kernel(job)
+    except KernelFault as exc:
+        return {"status": "needs-attention", "reason": f"not graded: the grader's fault, not the submission's: {exc}",
+                "resources": {"bounds": _worker.kernels.bounds}, "worker": _name(),
+                "seconds": round(time.perf_counter() - start, 2)}
     submitted = course / "submitted" / job.student / job.chapter / f"{job.chapter}.ipynb"
     submitted.parent.mkdir(parents=True, exist_ok=True)
     submitted.write_text(job.notebook)
@@ -109,12 +119,17 @@ def grade(job: Job) -> dict:
     finally:
         timed_out = not deadline.is_alive()
         deadline.cancel()
-        kill(kernel)
+        usage = kill(kernel)
         for folder in ("submitted", "autograded", "feedback"):
             shutil.rmtree(course / folder / job.student, ignore_errors=True)
-    if timed_out and result["status"] != "graded":
+    if usage is not None and usage.oom_kills:
+        result = {"status": "needs-attention",
+                  "reason": f"memory limit exceeded: the OS ended {usage.oom_kills} of its processes "
+                            f"at {job.memory_bytes / 2**30:g} GiB for the whole submission"}
+    elif timed_out and result["status"] != "graded":
         result = {"status": "needs-attention", "reason": f"timed out after {job.timeout} s (killed)"}
-    return result | {"worker": _name(), "seconds": round(time.perf_counter() - start, 2)}
+    resources = {"bounds": _worker.kernels.bounds} | (usage.as_dict() if usage else {})
+    return result | {"resources": resources, "worker": _name(), "seconds": round(time.perf_counter() - start, 2)}
 
 
 def _autograde(course: Path, job: Job, kernel) -> dict:
@@ -135,9 +150,6 @@ def _autograde(course: Path, job: Job, kernel) -> dict:
         return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
     autograded = course / "autograded" / job.student / job.chapter / f"{job.chapter}.ipynb"
     notebook = nbformat.read(autograded, as_version=4)
-    everywhere = nbgrader_course.failure_messages(notebook, graded_only=False)
-    if any(marker in error for error in everywhere for marker in MEMORY_ERRORS):
-        return {"status": "needs-attention", "reason": "memory limit exceeded"}
     with nbgrader_course.gradebook(course) as book:
         grades = book.find_submission_notebook(job.chapter, job.chapter, job.student).grades
         scores = {g.name: g.score for g in grades}
