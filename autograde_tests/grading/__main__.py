@@ -116,6 +116,8 @@ def main(argv=None) -> None:
             print(f"{o.status:<16} {o.student} / {o.chapter}: {o.score:g} / {o.max_score:g}")
     counts = {s: sum(o.status == s for o in outcomes) for s in ("graded", "unchanged", "needs-attention")}
     print(f"\n{counts['graded']} graded, {counts['unchanged']} unchanged, {counts['needs-attention']} need attention")
+    for line in report.bounds_lines(vars(o) for o in outcomes):  # by cgroup, or the weaker per-process bound
+        print(line)
     print(f"grades: {csv}\nreport: {summary}\nfeedback: {settings.course / 'feedback'}")
 
 

@@ -65,6 +65,7 @@ class Outcome:
     digest: str = ""
     worker: str = ""  # which grading worker graded it
     seconds: float | None = None  # how long its grading took there
+    resources: dict = field(default_factory=dict)  # how it was bounded, what the OS counted (worker.grade)
 
 
 class Refused(NamedTuple):
@@ -255,6 +256,7 @@ def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: di
     """Complete ``outcome`` with ``result``; a graded pair's files (and ``carried``) and grades go into the course."""
     outcome.status, outcome.reason = result["status"], result.get("reason", "")
     outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
+    outcome.resources = result.get("resources", {})
     if outcome.status != "graded":
         return outcome
     staged = {}
