@@ -96,6 +96,10 @@ class SafeNameCollector(FileNameCollectorPlugin):
     student id that names a folder inside submitted/, and be its learner's only one.
     """
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.uploads: dict[str, str] = {}  # student id -> the upload collected for them
+
     def collect(self, submitted_file: str):
         refusals = Refusals(self.parent)
         upload = self._upload_name(submitted_file)
@@ -108,12 +112,12 @@ class SafeNameCollector(FileNameCollectorPlugin):
             why = f"{upload} is not a notebook of {self.parent.coursedir.assignment_id} (named {self._expected()})"
         if why is None and isinstance(info.get("timestamp"), str):
             why = _timestamp_problem(info["timestamp"])
-        if why is None and student in self._seen():
-            why = f"more than one upload for {student} ({self._seen()[student]}, {upload}): which one counts?"
+        if why is None and student in self.uploads:
+            why = f"more than one upload for {student} ({self.uploads[student]}, {upload}): which one counts?"
         if why:
             refusals.add(student if student_id_problem(student) is None else f"(upload {upload})", upload, why)
             return None
-        self._seen()[student] = upload
+        self.uploads[student] = upload
         return info
 
     def learner(self, upload: str) -> str:
@@ -124,11 +128,6 @@ class SafeNameCollector(FileNameCollectorPlugin):
 
     def _expected(self) -> str:
         return f"<student id>_{self.parent.coursedir.assignment_id}.ipynb"
-
-    def _seen(self) -> dict[str, str]:
-        if not hasattr(self, "_uploads"):
-            self._uploads = {}
-        return self._uploads
 
     def _upload_name(self, submitted_file: str) -> str:
         """The file as the instructor's download named it: its path inside the extracted folder."""
@@ -155,7 +154,7 @@ class SafeExtractor(ExtractorPlugin):
         for upload in _uploads(archive, refusals, self._learner):
             relative = upload.relative_to(archive)
             if upload.name.endswith(".zip"):
-                self._unzip(upload, extracted / relative.with_suffix(""), refusals)
+                self._unzip(upload, str(relative), extracted / relative.with_suffix(""), refusals)
                 continue
             try:
                 data = read_beneath(archive, str(relative), MAX_UPLOAD)
@@ -170,16 +169,17 @@ class SafeExtractor(ExtractorPlugin):
     def _learner(self, upload: str) -> str:
         return self.parent.collector_plugin_inst.learner(upload)
 
-    def _unzip(self, upload: Path, into: Path, refusals: Refusals) -> None:
-        """Every entry of the zip ``upload`` that is a plain file with a path inside ``into``, unpacked there."""
+    def _unzip(self, upload: Path, name: str, into: Path, refusals: Refusals) -> None:
+        """Every entry of the zip ``upload`` (``name`` in the archive folder) that is a plain file with a path
+        inside ``into``, unpacked there."""
         try:
             bundle = zipfile.ZipFile(upload)
         except (zipfile.BadZipFile, OSError) as exc:
-            refusals.add(self._learner(upload.name), upload.name, f"{upload.name} is not a zip archive ({exc})")
+            refusals.add(self._learner(name), name, f"{name} is not a zip archive ({exc})")
             return
         with bundle:
             for entry in bundle.infolist():
-                shown = f"{upload.name}:{entry.filename}"
+                shown = f"{name}:{entry.filename}"
                 why = _entry_problem(entry)
                 if why:
                     refusals.add(self._learner(entry.filename), shown, f"{shown} {why}")

@@ -1,6 +1,8 @@
 """Grade a class: every (student, chapter) pair on its own, in parallel, and never stop the batch.
 
-This process is the coordinator. For each pair it reads the submission, rebuilds it around the release
+This process is the coordinator. For each pair it reads the submission as data (``files``: regular files
+of the submission's own, no link followed; a link, a FIFO, a device or the instructor's own notebook makes
+it need attention, and nothing of it is copied), rebuilds it around the release
 (``submissions``) and notes what its code does (``advisories``, for the report only); it sends each to a
 grading worker as a Dask task (``worker.grade``): a local cluster of ``--jobs`` worker processes, or the
 workers of a Dask scheduler (``--scheduler``), on other machines too. A worker runs the learner's cells in

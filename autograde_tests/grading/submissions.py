@@ -47,9 +47,9 @@ def read(data: bytes) -> nbformat.NotebookNode:
 def is_instructors(submitted: nbformat.NotebookNode, source: nbformat.NotebookNode) -> bool:
     """Whether ``submitted`` carries the instructor's version of ``source`` (the notebook in solutions/).
 
-    It does when a cell holds nbgrader's marker opening a solution region or hidden tests, or is word for word a cell that
-    only the instructor's notebook has (one with hidden tests). Graded, it would score the instructor's
-    answers and show its hidden tests and solutions in that learner's feedback.
+    It does when a cell holds nbgrader's marker opening a solution region or hidden tests, or is word for
+    word a cell that only the instructor's notebook has (one with hidden tests). Graded, it would score the
+    instructor's answers and show its hidden tests and solutions in that learner's feedback.
     """
     instructor_only = {c.source for c in source.cells if INSTRUCTOR_MARKERS.search(c.source)}
     sources = [c.get("source") for c in submitted.cells]
