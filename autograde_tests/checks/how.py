@@ -45,18 +45,18 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
     """
     written = static_names(fn)
     for fragment, what in forbidden.items():
-        used = _named(fragment, written)
+        used = named_like(fragment, written)
         if used:
             fail(name, _built_in_problem(what, used), BUILT_IN_HINT)
     ran = learner_step(name, lambda: run_beside(operators_used, fn, args), args)
     for fragment, what in forbidden.items():
-        used = _named(fragment, ran if isinstance(ran, list) else [])
+        used = named_like(fragment, ran if isinstance(ran, list) else [])
         if used:
             kernel_reported(name, fn, _built_in_problem(what, used), BUILT_IN_HINT)
             return
 
 
-def _named(fragment: str, names: Iterable) -> list[str]:
+def named_like(fragment: str, names: Iterable) -> list[str]:
     """The names that contain ``fragment``, ignoring case (``nn.Softmax`` is a softmax too)."""
     return sorted(n for n in names if isinstance(n, str) and fragment.lower() in n.lower())
 
