@@ -25,9 +25,9 @@ from autograde_tests.checks import (
 from autograde_tests.checks import beside, stand_ins
 from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
 from autograde_tests.grading.reach import Reach
-from autograde_tests.reference import hidden_in_grading
-from autograde_tests.remote.proxy import Loopback, Session
+from autograde_tests.remote.proxy import Session
 
+from .conftest import kernel_stand_in
 from .test_04_ffn_layernorm_residual_checks import CallingTheSublayerTwice, ConvByFunctional, PermutedConvFFN
 from .test_06_decoder_only_checks import make_generate
 from .test_07_attention_at_scale_checks import naive_attention, online_softmax_in_two_passes
@@ -39,11 +39,9 @@ IMPORTS = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torc
 
 def graded(value, chapter: str, source: str = ""):
     """``value`` as a graded run's grader sees the learner's ``answer``: a proxy, with ``source`` as the cells."""
-    hidden = frozenset(f"autograde_tests.{package}.{module}"
-                       for module in hidden_in_grading(chapter) for package in ("reference", "checks"))
-    loopback = Loopback(hidden)
-    loopback.agent.namespace["answer"] = value
-    return Session(loopback, static_names=Reach([IMPORTS, source])).lookup("answer")
+    kernel = kernel_stand_in(chapter)
+    kernel.namespace["answer"] = value
+    return Session(kernel.handle, static_names=Reach([IMPORTS, source])).lookup("answer")
 
 
 def passes_with_a_note(check, answer, note: str, capsys, **kwargs) -> None:
@@ -57,7 +55,9 @@ def passes_with_a_note(check, answer, note: str, capsys, **kwargs) -> None:
 
 def test_only_a_graded_session_is_a_graded_run():
     assert in_a_graded_run(graded(len, "01_attention"))
-    assert not in_a_graded_run(Loopback().expose("answer", len))  # the suite's own wire: learner mode
+    kernel = kernel_stand_in("01_attention")
+    kernel.namespace["answer"] = len
+    assert not in_a_graded_run(Session(kernel.handle).lookup("answer"))  # the suite's own wire: learner mode
     assert not in_a_graded_run(len)
 
 
