@@ -16,7 +16,8 @@ from autograde_tests import course, nbgrader_course
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
-LIMITS = ["--jobs", "1", "--timeout", "120", "--cell-timeout", "10", "--memory", "3", "--output", "200000"]
+# Nothing here hangs: generous limits keep honest work in full marks on a busy machine.
+LIMITS = ["--jobs", "1", "--timeout", "300", "--cell-timeout", "60", "--memory", "3", "--output", "200000"]
 CHAPTER, OTHER = "01_attention", "07_attention_at_scale"
 COLLECTED = {"timestamp.txt": "2026-01-05 10:00:00.000000 UTC", "submission_secret.txt": "a1b2c3"}
 
