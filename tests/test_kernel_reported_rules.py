@@ -195,15 +195,19 @@ class Memoriser(R.Transformer):
         return logits
 
 
-def memorise(model, src, decoder_input, labels, pad, steps, lr, stop) -> dict:
-    """``stand_ins.train_on_batch`` as a learner's cell could replace it: it keeps the labels it is sent."""
-    model.memory.update({tuple(row): labels[b] for b, row in enumerate(src.tolist())})
-    return {"losses": [0.0], "unused": []}
+class Memorising:
+    """``stand_ins.Training`` as a learner's cell could replace it: it keeps the labels it is sent."""
+
+    def __init__(self, model, src, decoder_input, labels, pad, lr):
+        model.memory.update({tuple(row): labels[b] for b, row in enumerate(src.tolist())})
+
+    def run(self, steps, stop) -> dict:
+        return {"losses": [0.0], "unused": [], "done": True}
 
 
 @pytest.mark.parametrize("where", ["learner mode", "graded run"])
 def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monkeypatch):
-    monkeypatch.setattr(stand_ins, "train_on_batch", memorise)
+    monkeypatch.setattr(stand_ins, "Training", Memorising)
     monkeypatch.setattr(Memoriser, "memory", {})
     answer = graded(Memoriser, "05_transformer") if where == "graded run" else Memoriser
     with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):

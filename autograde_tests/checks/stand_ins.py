@@ -97,28 +97,40 @@ def stand_in_model(state: dict) -> StandInModel:
     return model.eval()
 
 
-def train_on_batch(model: nn.Module, src, decoder_input, labels, pad: int, steps: int, lr: float, stop: float) -> dict:
-    """Adam on one fixed batch until the cross-entropy of ``model(src, decoder_input)`` against ``labels``
-    (padding ignored) is below ``stop``, or ``steps`` have run: the losses, and the parameters that got no
-    gradient at the first step. The checks judge the trained model themselves, on strings it was not trained
-    on, whose answers are never sent here: what this reports is only a note in a graded run."""
-    model.train()
-    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
-    losses, unused = [], []
-    for step in range(steps):
-        logits = model(src, decoder_input, src != pad, decoder_input != pad)
-        loss = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad)
-        losses.append(loss.item())
-        if not math.isfinite(losses[-1]) or losses[-1] < stop:
-            break
-        optimiser.zero_grad()
-        loss.backward()
-        if step == 0:
-            unused = [key for key, p in model.named_parameters() if p.grad is None]
-            if unused:
-                break
-        optimiser.step()
-    return {"losses": losses, "unused": unused}
+class Training:
+    """Adam on one fixed batch, a few steps at a time (in a graded run each call is a short request): until the
+    cross-entropy of ``model(src, decoder_input)`` against ``labels`` (padding ignored) is below ``stop``. The
+    checks judge the trained model themselves, on strings it was not trained on, whose answers are never sent
+    here: what this reports (the losses, the parameters that got no gradient at the first step) is only a
+    note in a graded run."""
+
+    def __init__(self, model: nn.Module, src, decoder_input, labels, pad: int, lr: float):
+        self.model, self.batch, self.pad = model, (src, decoder_input, labels), pad
+        self.optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+        self.losses: list[float] = []
+        self.unused: list[str] = []
+
+    def run(self, steps: int, stop: float) -> dict:
+        """Up to ``steps`` more steps: the losses so far, the unused parameters, and whether training is over."""
+        src, decoder_input, labels = self.batch
+        self.model.train()
+        for _ in range(steps):
+            logits = self.model(src, decoder_input, src != self.pad, decoder_input != self.pad)
+            loss = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=self.pad)
+            self.losses.append(loss.item())
+            if not math.isfinite(self.losses[-1]) or self.losses[-1] < stop:
+                return self._report(done=True)
+            self.optimiser.zero_grad()
+            loss.backward()
+            if len(self.losses) == 1:
+                self.unused = [key for key, p in self.model.named_parameters() if p.grad is None]
+                if self.unused:
+                    return self._report(done=True)
+            self.optimiser.step()
+        return self._report(done=False)
+
+    def _report(self, done: bool) -> dict:
+        return {"losses": list(self.losses), "unused": list(self.unused), "done": done}
 
 
 class StandInBlock(nn.Module):
