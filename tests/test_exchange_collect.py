@@ -12,8 +12,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from nbgrader.exchange import ExchangeFactory
+
 from autograde_tests import course
+from autograde_tests.exchange import SafeCollect
 from autograde_tests.hub import Hub
+from autograde_tests.nbgrader_course import config
 
 REPO = Path(__file__).resolve().parents[1]
 sandbox = pytest.mark.sandbox  # the tests that grade
@@ -125,11 +129,15 @@ def test_nothing_collected_is_a_link_and_no_solution_reaches_autograded_or_feedb
         assert "BEGIN HIDDEN TESTS" not in path.read_text(), path
 
 
-def test_the_hubs_nbgrader_configuration_collects_safely(tmp_path):
-    from autograde_tests.nbgrader_course import config
-
-    hub = Hub(tmp_path / "proxy")
-    hub.root = tmp_path
-    hub._configure_nbgrader()
-    assert config(tmp_path / "jupyter").ExchangeFactory.collect == "autograde_tests.exchange.SafeCollect"
-    hub.root = None  # nothing of a hub was started: nothing to stop
+@pytest.mark.parametrize("where", ["the hub's", "the course's"])
+def test_nbgrader_configuration_collects_safely(tmp_path, where):
+    """What every account's nbgrader loads (the hub's), and the instructor's course folder (the course's)."""
+    if where == "the hub's":
+        hub = Hub(tmp_path / "proxy")
+        hub.root = tmp_path
+        hub._configure_nbgrader()
+        hub.root = None  # nothing of a hub was started: nothing to stop
+        folder = tmp_path / "jupyter"
+    else:
+        folder = REPO
+    assert ExchangeFactory(config=config(folder)).collect is SafeCollect
