@@ -28,9 +28,10 @@ def in_a_graded_run(learner) -> bool:
 
 def kernel_reported(name: str, learner, problem: str, hint: str | None = None) -> None:
     """A rule broken by the kernel's own record of ``learner``'s run: a failure, or in a graded run a note."""
-    if not in_a_graded_run(learner):
+    if in_a_graded_run(learner):
+        print(f"{name}: {NOTE}: {problem}" + (f"\nHint: {hint}" if hint else ""))
+    else:
         fail(name, problem, hint)
-    print(f"{name}: {NOTE}: {problem}" + (f"\nHint: {hint}" if hint else ""))
 
 
 def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[str, str]) -> None:
@@ -38,10 +39,10 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
     case, mapped to what the learner called, for the message).
 
     Two readings, in the order of ``forbidden``. The grader's own reading of the learner's source (every
-    name the definition of ``fn`` reaches, ``grading.reach``) fails in every mode: it exists only in a graded
-    run. The torch functions and ATen operators that ``fn(*args)`` ran, recorded next to the learner's code,
-    also catch what no source shows (a name built at run time, a built-in called inside a library
-    function); that record is the kernel's word (``kernel_reported``).
+    name the definition of ``fn`` reaches, ``grading.reach``; only a graded run makes it) fails the check.
+    The torch functions and ATen operators that ``fn(*args)`` ran, recorded next to the learner's code, also
+    catch what no source shows (a name computed at run time, a built-in called inside a library function);
+    that record is the kernel's word (``kernel_reported``): the rule in JupyterLab, a note in a graded run.
     """
     written = static_names(fn)
     for fragment, what in forbidden.items():
