@@ -6,6 +6,7 @@ and, on login, each user's JupyterLab), and on exit stops every process, removes
 folders, and puts back the folder modes it changed. The test drives the same ``Hub`` in a browser.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -32,6 +33,9 @@ REPO = Path(autograde_tests.__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 # What useradd accepts by default, and what JupyterHub keeps as typed (it lower-cases login names).
 ACCOUNT_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# Held while a hub has folder modes changed: a second hub on the machine (another `make hub`, or a test
+# run beside this one) waits for it, so that neither puts back a mode the other still relies on.
+MODES_LOCK = Path(tempfile.gettempdir()) / f"{COURSE_ID}-hub-modes.lock"
 
 
 @dataclass
@@ -46,6 +50,7 @@ class Hub:
     passwords: dict[str, str] = field(default_factory=dict, init=False)
     _made: list[str] = field(default_factory=list, init=False)
     _modes: dict[Path, int] = field(default_factory=dict, init=False)
+    _modes_lock: object | None = field(default=None, init=False)
     _process: subprocess.Popen | None = field(default=None, init=False)
 
     @property
@@ -91,6 +96,9 @@ class Hub:
         for path, mode in self._modes.items():
             path.chmod(mode)
         self._modes.clear()
+        if self._modes_lock is not None:
+            self._modes_lock.close()  # releases the lock
+            self._modes_lock = None
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
@@ -130,6 +138,8 @@ class Hub:
         """Let every account pass through (not list) the folders above the interpreter and the course's
         environment, which may lie in a private home folder, and list the repository itself: the
         instructor's `make -C <repository> grade` finds the Makefile by reading the folder. Put back on exit."""
+        self._modes_lock = open(MODES_LOCK, "a")
+        fcntl.flock(self._modes_lock, fcntl.LOCK_EX)
         for target in [Path(sys.base_prefix).resolve(), VENV_BIN.resolve(), REPO]:
             for folder in [target, *target.parents]:
                 needed = stat.S_IXOTH | (stat.S_IROTH if folder == REPO else 0)
