@@ -1,0 +1,158 @@
+"""Nothing answer-shaped in a graded kernel: inside the real sandbox, a kernel graded on a chapter can import
+neither that chapter's reference nor any check (whose mistake generators, with their default flags, are
+the reference), nor read their source or compiled copies; a submission that calls a check's generator
+scores nothing for it; and the suite's stand-in for the kernel hides exactly what the sandbox hides."""
+
+import importlib.util
+import json
+import py_compile
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograde_tests import course, nbgrader_course
+from autograde_tests.grading import bubblewrap, kernel_view
+from autograde_tests.grading.sandbox_kernel import bwrap_arguments, connection_file
+from autograde_tests.reference import hidden_in_grading
+
+from .conftest import kernel_stand_in
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.sandbox
+WHY = "is not available while it is graded"
+
+# Tries to import each module named in argv[1] (JSON): prints the ImportError of each that fails, or "".
+TRY_IMPORTS = '''
+import importlib, json, sys
+failed = {}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        failed[name] = str(exc)
+print(json.dumps(failed))
+'''
+
+
+def in_sandbox(chapter: str, code: str, *args: str, tmp_path: Path) -> str:
+    """What ``python -c code args`` prints in the sandbox of a kernel graded on ``chapter``."""
+    exchange = tmp_path / f"exchange-{chapter}"
+    exchange.mkdir()
+    connection_file(exchange).write_text("{}")
+    run = subprocess.run([bubblewrap.path(), *bwrap_arguments(chapter, exchange), sys.executable, "-c", code, *args],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def failed_imports(chapter: str, names, tmp_path: Path) -> dict[str, str]:
+    return json.loads(in_sandbox(chapter, TRY_IMPORTS, json.dumps(sorted(names)), tmp_path=tmp_path))
+
+
+@pytest.fixture
+def compiled(request):
+    """Compiled copies of the given course modules, as a run without PYTHONDONTWRITEBYTECODE leaves them;
+    removed afterwards (with their folder, when this made it)."""
+    made = []
+    for name in request.param:
+        source = kernel_view.modules()[name]
+        cache = Path(importlib.util.cache_from_source(str(source)))
+        if not cache.parent.exists():
+            made.append(cache.parent)
+        py_compile.compile(str(source), cfile=str(cache), doraise=True)
+    yield request.param
+    for folder in made:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+GENERATORS = {
+    "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block", "_greedy"]),
+    "07_attention_at_scale": ("autograde_tests.checks.attention_at_scale", ["_tiled", "_online"]),
+}
+REACH_FOR_THEM = '''
+import importlib.util, json, os, sys
+module, names, reference = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+seen = {}
+for name in names:
+    try:
+        exec(f"from {module} import {name}")
+        seen[name] = "imported"
+    except ImportError as exc:
+        seen[name] = str(exc)
+try:
+    __import__(reference)
+    seen["reference"] = "imported"
+except ImportError as exc:
+    seen["reference"] = str(exc)
+spec = importlib.util.find_spec(module)
+seen["source"] = open(spec.origin).read()
+seen["cache"] = os.listdir(os.path.join(os.path.dirname(spec.origin), "__pycache__"))
+print(json.dumps(seen))
+'''
+
+
+@pytest.mark.parametrize("compiled", [["autograde_tests.checks.decoder_only", "autograde_tests.checks.attention_at_scale",
+                                       "autograde_tests.reference.decoder_only"]], indirect=True)
+@pytest.mark.parametrize("chapter", GENERATORS)
+def test_a_graded_kernel_can_reach_neither_the_checks_generators_nor_the_reference(chapter, compiled, tmp_path):
+    module, names = GENERATORS[chapter]
+    reference = module.replace(".checks.", ".reference.")
+    seen = json.loads(in_sandbox(chapter, REACH_FOR_THEM, module, json.dumps(names), reference, tmp_path=tmp_path))
+    for name in [*names, "reference"]:
+        assert WHY in seen[name], (name, seen[name])
+    assert "def _" not in seen["source"] and WHY in seen["source"]  # the stub, not the checks' source
+    assert seen["cache"] == []  # no compiled copy to load instead
+
+
+def test_a_graded_kernel_imports_what_it_needs_and_the_earlier_chapters_reference(tmp_path):
+    needed = kernel_view.visible("06_decoder_only")
+    assert "autograde_tests.reference.transformer" in needed and "autograde_tests.checks.stand_ins" in needed
+    assert failed_imports("06_decoder_only", needed, tmp_path) == {}
+
+
+@pytest.mark.parametrize("chapter", course.chapters(REPO))
+def test_the_suites_stand_in_for_the_kernel_hides_what_the_sandbox_hides(chapter, tmp_path):
+    every = [name for name in kernel_view.modules() if not name.endswith("__main__")]  # importing one would run it
+    in_the_sandbox = failed_imports(chapter, every, tmp_path)
+    stand_in = kernel_stand_in(chapter)
+    refused = set()
+    for name in every:
+        try:
+            stand_in.import_module(name)
+        except ImportError:
+            refused.add(name)
+    assert set(in_the_sandbox) == refused
+    assert all(WHY in why for why in in_the_sandbox.values())
+    assert f"autograde_tests.checks.{hidden_in_grading(chapter)[0]}" in refused
+
+
+CALLS_THE_CHECKS_GENERATOR = '''
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, with a flag left off
+    return _sample(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+'''
+
+
+def test_a_generate_that_calls_the_checks_generator_scores_nothing_for_it(tmp_path):
+    chapter = "06_decoder_only"
+    root = course.scratch_course(REPO, tmp_path / "class")
+    course.release(root, chapter)
+    course.submit(root, "correct", chapter, course.solved(root, chapter))
+    borrowing = course.solved(root, chapter)
+    next(c for c in borrowing.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "generate").source = \
+        CALLS_THE_CHECKS_GENERATOR
+    course.submit(root, "borrower", chapter, borrowing)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1",
+                          "--timeout", "300", "--cell-timeout", "120"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    state = json.loads((root / ".grading" / "state.json").read_text())
+    correct, borrower = state[f"correct/{chapter}"], state[f"borrower/{chapter}"]
+    assert correct["status"] == "graded" and correct["score"] == correct["max_score"] > 0, correct["reason"]
+    with nbgrader_course.gradebook(root) as book:
+        generate = book.find_grade("test_generate", chapter, chapter, "borrower").auto_score
+    assert borrower["status"] == "graded" and generate == 0, borrower["reason"] or borrower["messages"]
+    assert borrower["score"] == borrower["max_score"] - 4, borrower  # the other exercises keep their points
