@@ -1,0 +1,180 @@
+"""Whatever a graded kernel sends, the grader keeps no more of it than the output cap, reads no message
+over its size limit, and finishes each submission in bounded time and memory: every way around the cap
+(the grader's own reply type, display updates, an execute reply's error, streams, comm messages,
+malformed and over-size messages) gets its exact score, a hanging check fails its cell within
+--cell-timeout, and the canary keeps its score. Graded through `python -m autograde_tests.grading`."""
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+
+from autograde_tests import course
+
+from .adversarial import ATTENTION_OWN_SOFTMAX, CANARY, CHAPTER, SOFTMAX, Case, attack, solved, with_extra_cell
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.sandbox
+OUTPUT = 200_000  # --output: bytes of messages a submission's cells may send
+CELL_TIMEOUT = 20
+TIMEOUT = 150
+LIMITS = ["--jobs", "1", "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_TIMEOUT), "--memory", "3",
+          "--output", str(OUTPUT)]
+MARGIN = 20_000  # the grader's own additions (its truncation marks, the verdicts' texts)
+GRADER_PEAK = 2 * 2**30  # the most memory any grading process (coordinator, worker) may hold at once
+REPLY = "from autograde_tests.remote import MIME\nfrom IPython.display import publish_display_data\n"
+
+FLOODS = [
+    Case("floods_with_the_grader_s_reply_type", with_extra_cell(
+        REPLY + "for _ in range(200):\n    publish_display_data({MIME: {'reply': 'x' * 500_000}})"), 6),
+    Case("answers_every_request_many_times", attack(
+        REPLY + "_wrong = softmax\n"
+        "def softmax(x, dim=-1):\n"
+        "    for _ in range(5):\n        publish_display_data({MIME: {'reply': 'x' * 500_000}})\n"
+        "    return _wrong(x, dim)"), 0),
+    Case("floods_with_display_updates", with_extra_cell(
+        "from IPython.display import display\nhandle = display('x', display_id=True)\n"
+        "for _ in range(300):\n    handle.update('y' * 300_000)"), 6),
+    Case("updates_one_display_shown_many_times", with_extra_cell(
+        "from IPython.display import display, update_display\n"
+        "for _ in range(3000):\n    display('a', display_id='same')\n"
+        "update_display('y' * 150_000, display_id='same')"), 6),
+    Case("raises_a_huge_error", with_extra_cell("raise ValueError('x' * 50_000_000)"), 6),
+    Case("raises_an_error_over_the_cap", with_extra_cell("raise ValueError('x' * 600_000)"), 6),
+    Case("raises_an_error_of_many_lines", with_extra_cell("raise ValueError('line\\n' * 2_000_000)"), 6),
+    Case("prints_one_huge_line", with_extra_cell("print('x' * 50_000_000)"), 6),
+    Case("floods_stderr", with_extra_cell("import sys\nfor _ in range(300):\n    sys.stderr.write('e' * 100_000)"), 6),
+    Case("floods_comm_messages", with_extra_cell(
+        "from comm import create_comm\n"
+        "c = create_comm(target_name='jupyter.widget', data={'state': {'_model_name': 'M', 'v': 'y' * 100_000}})\n"
+        "for _ in range(300):\n    c.send({'state': {'v': 'y' * 100_000}})\n"
+        "create_comm(target_name='jupyter.widget', data={'no': 'state'})"), 6),
+    Case("sends_malformed_messages", with_extra_cell(
+        "kernel = get_ipython().kernel\nparent = kernel.get_parent()\n"
+        "for kind, content in [('display_data', {'no': 'data'}), ('stream', {'text': 1}), ('error', {}),\n"
+        "                      ('execute_result', {'data': {}, 'metadata': {}, 'execution_count': 'x' * 1000}),\n"
+        "                      ('status', {'execution_state': ['idle']}), ('comm_msg', {})]:\n"
+        "    kernel.session.send(kernel.iopub_socket, kind, content, parent=parent)"), 6),
+    Case("displays_one_message_over_the_size_limit", with_extra_cell(
+        "from IPython.display import publish_display_data\npublish_display_data({'text/plain': 'x' * 100 * 2**20})"), 6),
+    Case("raises_an_error_over_the_size_limit", with_extra_cell("raise ValueError('x' * 100 * 2**20)"), 6),
+]
+HANGS = [
+    # a check's request that never returns fails that test cell, and attention (which calls softmax) too
+    Case("loops_forever_when_checked", lambda r: solved(r, "def softmax(x, dim=-1):\n    while True:\n        pass"), 0),
+    # each call under the cell's time, all of them together over it: test_softmax fails, attention passes
+    Case("slow_on_every_check_call", lambda r: solved(
+        r, "import time\n" + SOFTMAX.replace("def softmax(x, dim=-1):", "def softmax(x, dim=-1):\n    time.sleep(4)"),
+        ATTENTION_OWN_SOFTMAX), 4),
+]
+CORRECT = Case("correct", solved, 6)
+CASES = [CANARY, CORRECT, *FLOODS, *HANGS]
+LATER = "07_attention_at_scale"  # a later chapter, whose checks send larger tensors
+LATER_FLOOD = (REPLY + "from IPython.display import display\nimport sys\nhandle = display('x', display_id=True)\n"
+               "for _ in range(100):\n    publish_display_data({MIME: {'reply': 'x' * 500_000}})\n"
+               "    handle.update('y' * 300_000)\n    sys.stderr.write('e' * 100_000)")
+
+
+class PeakMemory:
+    """The largest resident memory of any one process of the grader's (not a kernel's), sampled while it runs."""
+
+    def __init__(self, root: psutil.Process):
+        self.root, self.peak, self.stop = root, 0, threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(0.05):
+            try:
+                processes = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            kernels = {p.pid for p in processes if _is_kernel(p)}
+            for process in processes:
+                try:
+                    if process.pid not in kernels and process.ppid() not in kernels:
+                        self.peak = max(self.peak, process.memory_info().rss)
+                except psutil.NoSuchProcess:
+                    pass
+
+    def close(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return self.peak
+
+
+def _is_kernel(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+    return "sandbox_kernel" in command or "ipykernel_launcher" in command or "bwrap" in command
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    release = nbformat.read(course.release(root, CHAPTER), as_version=4)
+    for case in CASES:
+        course.submit(root, case.student, CHAPTER, case.make(nbformat.from_dict(release)))
+    course.release(root, LATER)
+    course.submit(root, "floods", LATER, _with_cell_after_the_first_answer(course.solved(root, LATER), LATER_FLOOD))
+    run = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    memory = PeakMemory(psutil.Process(run.pid))
+    stdout, stderr = run.communicate()
+    peak = memory.close()
+    assert run.returncode == 0, stderr[-3000:]
+    return root, json.loads((root / ".grading" / "state.json").read_text()), peak
+
+
+def _with_cell_after_the_first_answer(notebook, source: str):
+    first = next(i for i, c in enumerate(notebook.cells) if c.metadata.get("nbgrader", {}).get("solution"))
+    notebook.cells.insert(first + 1, nbformat.v4.new_code_cell(source))
+    return notebook
+
+
+def _file(root: Path, folder: str, student: str) -> Path:
+    return root / folder / student / CHAPTER / f"{CHAPTER}.{'ipynb' if folder == 'autograded' else 'html'}"
+
+
+@pytest.mark.parametrize("case", [CANARY, CORRECT, *FLOODS], ids=lambda c: c.student)
+def test_a_flood_of_messages_gets_its_exact_score(graded, case):
+    outcome = graded[1][f"{case.student}/{CHAPTER}"]
+    assert (outcome["status"], outcome["score"]) == ("graded", case.expected), outcome
+
+
+def test_a_flood_in_a_later_chapter_keeps_full_marks(graded):
+    outcome = graded[1][f"floods/{LATER}"]
+    assert (outcome["status"], outcome["score"]) == ("graded", outcome["max_score"]), outcome
+    assert outcome["max_score"] == 9
+
+
+@pytest.mark.parametrize("case", FLOODS, ids=lambda c: c.student)
+def test_the_grader_keeps_no_more_than_the_cap(graded, case):
+    root = graded[0]
+    for folder in ("autograded", "feedback"):
+        size, honest = _file(root, folder, case.student).stat().st_size, _file(root, folder, CORRECT.student).stat().st_size
+        assert size <= honest + OUTPUT + MARGIN, (folder, size, honest)
+
+
+def test_a_truncated_submission_says_so(graded):
+    notebook = nbformat.read(_file(graded[0], "autograded", "floods_with_display_updates"), as_version=4)
+    assert any("[output truncated by the grader]" in o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))
+
+
+@pytest.mark.parametrize("case", HANGS, ids=lambda c: c.student)
+def test_a_check_request_that_hangs_fails_within_the_cell_timeout(graded, case):
+    outcome = graded[1][f"{case.student}/{CHAPTER}"]
+    assert (outcome["status"], outcome["score"]) == ("graded", case.expected), outcome
+    # finished by the cell limits (two test cells, --cell-timeout each), well before the submission's
+    assert outcome["seconds"] < TIMEOUT - CELL_TIMEOUT, outcome
+
+
+def test_no_grading_process_holds_more_than_its_bound(graded):
+    assert 0 < graded[2] < GRADER_PEAK, f"{graded[2] / 2**20:.0f} MiB"
