@@ -3,6 +3,7 @@ neither that chapter's reference nor any check (whose mistake generators, with t
 the reference), nor read their source or compiled copies; a submission that calls a check's generator
 scores nothing for it; and the suite's stand-in for the kernel hides exactly what the sandbox hides."""
 
+import importlib
 import importlib.util
 import json
 import py_compile
@@ -68,20 +69,23 @@ def compiled(request):
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# Mistake generators that, with their default flags, compute the answer of the chapter's exercises.
 GENERATORS = {
-    "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block", "_greedy"]),
+    "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block"]),
     "07_attention_at_scale": ("autograde_tests.checks.attention_at_scale", ["_tiled", "_online"]),
 }
+EARLIER = "autograde_tests.checks.transformer._greedy"  # an earlier chapter's checks are hidden too
 REACH_FOR_THEM = '''
 import importlib.util, json, os, sys
-module, names, reference = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+module, paths, reference = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 seen = {}
-for name in names:
+for path in paths:
+    where, _, what = path.rpartition(".")
     try:
-        exec(f"from {module} import {name}")
-        seen[name] = "imported"
+        exec(f"from {where} import {what}")
+        seen[path] = "imported"
     except ImportError as exc:
-        seen[name] = str(exc)
+        seen[path] = str(exc)
 try:
     __import__(reference)
     seen["reference"] = "imported"
@@ -99,10 +103,12 @@ print(json.dumps(seen))
 @pytest.mark.parametrize("chapter", GENERATORS)
 def test_a_graded_kernel_can_reach_neither_the_checks_generators_nor_the_reference(chapter, compiled, tmp_path):
     module, names = GENERATORS[chapter]
+    assert all(callable(getattr(importlib.import_module(module), name)) for name in names)  # here, they are there
     reference = module.replace(".checks.", ".reference.")
-    seen = json.loads(in_sandbox(chapter, REACH_FOR_THEM, module, json.dumps(names), reference, tmp_path=tmp_path))
-    for name in [*names, "reference"]:
-        assert WHY in seen[name], (name, seen[name])
+    paths = [f"{module}.{name}" for name in names] + [EARLIER]
+    seen = json.loads(in_sandbox(chapter, REACH_FOR_THEM, module, json.dumps(paths), reference, tmp_path=tmp_path))
+    for path in [*paths, "reference"]:
+        assert WHY in seen[path], (path, seen[path])
     assert "def _" not in seen["source"] and WHY in seen["source"]  # the stub, not the checks' source
     assert seen["cache"] == []  # no compiled copy to load instead
 
