@@ -40,6 +40,7 @@ FRAME_BYTES = REPLY_BYTES + 2**20  # zmq cuts a connection that brings a larger 
 WAITING = 8  # messages zmq keeps for the grader on each socket: past it, the kernel waits (or zmq drops)
 HEADER_BYTES = 64 * 2**10  # a message's header, parent header or metadata, each
 SHELL_BYTES = 2**20  # an execute reply's content
+OUTPUT_BYTES = 256  # what a notebook and its feedback page add around each output they keep (its type, HTML)
 NAME_CHARS = 200  # an exception's name, as the grader keeps it
 CONTROL = ("status", "execute_input")  # what tells nbclient where a cell stands; nothing of them is kept
 # Outputs nbclient builds from what the kernel wrote: content it cannot read is the kernel's, dropped.
@@ -224,8 +225,10 @@ class GraderExecute(Execute):
             return None
         if msg["msg_type"] in CONTROL and not msg.get("oversized"):
             return super().process_message(_control(msg), cell, cell_index)
-        if not self._spend(msg["bytes"], cell.outputs) or msg.get("oversized") or msg["msg_type"].startswith("comm"):
-            return None  # comm messages too: they only carry widgets' state, which grading never shows
+        kept = self._spend(msg["bytes"] + OUTPUT_BYTES, cell.outputs)
+        # comm messages are counted, then dropped: they carry widgets' state, which grading never shows
+        if not kept or msg.get("oversized") or msg["msg_type"].startswith("comm"):
+            return None
         try:
             return super().process_message(_without_display_id(msg), cell, cell_index)
         except MALFORMED:
@@ -258,7 +261,7 @@ class GraderExecute(Execute):
         shown = len(cell.outputs)
         super().on_cell_executed(**kwargs | {"execute_reply": {"content": error}})
         if len(cell.outputs) > shown:
-            self.printed += size
+            self.printed += size + OUTPUT_BYTES
 
 
 def _unreadable(size: int) -> dict:
