@@ -170,12 +170,14 @@ def stand_in_blocks(state: dict) -> nn.ModuleList:
 
 class StandInLM(nn.Module):
     """What ``lm_loss`` and ``generate`` are given: ``forward(idx, cache=None) -> (logits, cache)``, a GPT's
-    signature, with one ``StandInBlock``. ``fed`` lists how many tokens each call was given, so a check can
-    tell whether generation used the cache."""
+    signature, with one ``StandInBlock``. A call given a cache adds ``recall`` to its logits, so that the
+    tokens drawn, judged by the grader, show whether generation used the cache; ``fed`` lists how many
+    tokens each call was given, for the learner's message (only a note in a graded run)."""
 
     def __init__(self, vocab: int, d_model: int):
         super().__init__()
         self.embed, self.block, self.head = nn.Embedding(vocab, d_model), StandInBlock(d_model), nn.Linear(d_model, vocab)
+        self.recall = nn.Parameter(torch.zeros(vocab))
         self.fed: list[int] = []
 
     def forward(self, idx, cache=None):
@@ -183,7 +185,8 @@ class StandInLM(nn.Module):
         past = 0 if cache is None else cache[0][0].size(2)
         x, block_cache = self.block(self.embed(idx), torch.arange(past, past + idx.size(1), device=idx.device),
                                     None if cache is None else cache[0])
-        return self.head(x), [block_cache]
+        logits = self.head(x) if cache is None else self.head(x) + self.recall
+        return logits, [block_cache]
 
 
 def stand_in_lm(state: dict) -> StandInLM:
