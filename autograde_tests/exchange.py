@@ -29,6 +29,7 @@ from nbgrader.utils import parse_utc
 from .grading.files import NotData, Rules, copy_tree, kind, read_beneath, student_id_problem, write_new
 
 REFUSED = "refused.json"
+UPLOAD_LABEL = "(upload "  # how the label of an upload that names no learner starts
 MAX_UPLOAD = 100 * 2**20  # bytes one unpacked notebook may hold (nbgrader's default max_file_size)
 
 
@@ -84,6 +85,11 @@ class Refusals:
         self.path.write_text(json.dumps(records, indent=1))
 
 
+def upload_label(upload: str) -> str:
+    """What stands for the learner of an upload whose name names none safely (a label; never a folder)."""
+    return f"{UPLOAD_LABEL}{upload})"
+
+
 def read_refusals(path: Path) -> list[dict]:
     """The records of a ``refused.json``: ``[{"student", "upload", "reason"}, ...]`` ([] when there is none)."""
     return json.loads(path.read_text()) if path.is_file() else []
@@ -115,7 +121,7 @@ class SafeNameCollector(FileNameCollectorPlugin):
         if why is None and student in self.uploads:
             why = f"more than one upload for {student} ({self.uploads[student]}, {upload}): which one counts?"
         if why:
-            refusals.add(student if student_id_problem(student) is None else f"(upload {upload})", upload, why)
+            refusals.add(student if student_id_problem(student) is None else upload_label(upload), upload, why)
             return None
         self.uploads[student] = upload
         return info
@@ -124,7 +130,7 @@ class SafeNameCollector(FileNameCollectorPlugin):
         """The learner an upload's name names, when it names one safely; else a label for the upload."""
         info = self._match("/" + PurePosixPath(upload.removesuffix(".gz")).name) if self.named_regexp else None
         student = (info or {}).get("student_id")
-        return student if student is not None and student_id_problem(student) is None else f"(upload {upload})"
+        return student if student is not None and student_id_problem(student) is None else upload_label(upload)
 
     def _expected(self) -> str:
         return f"<student id>_{self.parent.coursedir.assignment_id}.ipynb"

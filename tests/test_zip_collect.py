@@ -6,6 +6,7 @@ and nothing is written outside submitted/ (and nbgrader's own extracted/ folder)
 
 import gzip
 import json
+import shutil
 import stat
 import subprocess
 import sys
@@ -107,3 +108,18 @@ def test_only_the_honest_learners_reach_the_gradebook(collected):
     root, _, _, _ = collected
     with nbgrader_course.gradebook(root) as book:
         assert sorted(s.id for s in book.students) == sorted(HONEST)
+
+
+def test_collecting_again_judges_the_uploads_anew(collected, tmp_path):
+    """The instructor removes the broken upload and collects again: its entry goes, the rest stay as judged."""
+    root = Path(shutil.copytree(collected[0], tmp_path / "class", symlinks=True))
+    (root / "downloaded" / CHAPTER / "archive" / "broken.zip").unlink()
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS,
+                          "--zip-collect"], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    state = json.loads((root / ".grading" / "state.json").read_text())
+    assert f"(upload broken.zip)/{CHAPTER}" not in state
+    assert {key.rsplit("/", 1)[0] for key, o in state.items() if o["status"] == "needs-attention"} == set(REFUSED) - {
+        "(upload broken.zip)"}
+    assert [state[f"{s}/{CHAPTER}"]["score"] for s in HONEST] == [6, 6]
+    assert "0 graded, 2 unchanged" in run.stdout

@@ -54,7 +54,8 @@ def parse(argv=None) -> batch.Settings:
         if chapter not in released:
             parser.error(f"chapter {chapter!r} is not in the gradebook; run `make release` first")
     chapters = args.chapter or released
-    refused = _zip_collect(parser, course, chapters) if args.zip_collect else []
+    collected = [c for c in chapters if (course / "downloaded" / c / "archive").is_dir()] if args.zip_collect else []
+    refused = _zip_collect(parser, course, collected)
     if not (course / "submitted").is_dir() and not refused:
         parser.error(f"{course}: no submitted/ folder (collect submissions first, or use --zip-collect)")
     if not batch.find_pairs(course, chapters) and not refused:
@@ -63,7 +64,7 @@ def parse(argv=None) -> batch.Settings:
         _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
                           args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
-                          refused=tuple(refused))
+                          refused=tuple(refused), zip_collected=tuple(collected))
 
 
 def _expect_bubblewrap(parser) -> None:
@@ -83,13 +84,11 @@ def _released(parser, course: Path, chapters: list[str]) -> list[str]:
 
 
 def _zip_collect(parser, course: Path, chapters: list[str]) -> list[batch.Refused]:
-    """``nbgrader zip_collect`` for each chapter with downloads; the uploads it refused (one at a time, with
-    the course's safe extractor and collector: see autograde_tests.exchange), each for its learner."""
+    """``nbgrader zip_collect`` for each of ``chapters`` (those with downloads); the uploads it refused (one
+    at a time, with the course's safe extractor and collector: see autograde_tests.exchange), each for its learner."""
     refused = []
     for chapter in chapters:
         downloaded = course / "downloaded" / chapter
-        if not (downloaded / "archive").is_dir():
-            continue
         (downloaded / exchange.REFUSED).unlink(missing_ok=True)  # never a stale record of an earlier run
         # The safe classes named here too, so that a course whose configuration predates them is safe.
         done = subprocess.run([sys.executable, "-m", "nbgrader", "zip_collect", chapter, "--force",

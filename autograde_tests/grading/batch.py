@@ -29,7 +29,7 @@ import nbformat
 from distributed import Client, KilledWorker, LocalCluster, as_completed
 from tqdm import tqdm
 
-from .. import nbgrader_course
+from .. import exchange, nbgrader_course
 from . import files, submissions, worker
 from .advisories import advisories
 
@@ -51,6 +51,7 @@ class Settings:
     sandbox: bool = True  # kernels in bubblewrap; off only for trusted work (--no-sandbox)
     scheduler: str | None = None  # a Dask scheduler's address; None: a local cluster of ``jobs`` workers
     refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
+    zip_collected: tuple[str, ...] = ()  # the chapters whose uploads zip collection judged in this run
 
 
 @dataclass
@@ -131,6 +132,7 @@ def grade_class(settings: Settings) -> list[Outcome]:
     state = load_state(course)
     outcomes, tasks = [], []
     refused = _refusals(settings.refused)
+    _forget_earlier_refusals(state, settings.zip_collected)
     for pair in find_pairs(course, settings.chapters):
         if (pair.student, pair.chapter) in refused:  # an upload of theirs was refused: a person decides
             outcomes.append(Outcome(pair.student, pair.chapter, "needs-attention",
@@ -163,6 +165,14 @@ def _refusals(refused) -> dict[tuple[str, str], str]:
     for student, chapter, reason in refused:
         reasons.setdefault((student, chapter), []).append(reason)
     return {key: "; ".join(why) for key, why in reasons.items()}
+
+
+def _forget_earlier_refusals(state: dict, chapters) -> None:
+    """Uploads of a chapter collected again are judged anew: what an earlier collection refused under an
+    upload's label goes (a learner's own entry is replaced when they are graded or refused again)."""
+    for key, entry in list(state.items()):
+        if entry["chapter"] in chapters and entry["student"].startswith(exchange.UPLOAD_LABEL):
+            del state[key]
 
 
 @contextlib.contextmanager
