@@ -18,7 +18,6 @@ from .harness import (
     close,
     expect_device_agnostic,
     expect_tensor,
-    expect_unchanged,
     fail,
     fail_difference,
     name_the_mistake,
@@ -264,16 +263,12 @@ def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype
     expected = ref.scaled_dot_product_attention(*inputs64)
     q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64[:3])
     mask = None if inputs64[3] is None else inputs64[3].to(device)
-    before = {"q": q.clone(), "k": k.clone(), "v": v.clone()}
     result = call(name, attention, q, k, v, mask) if mask is not None else call(name, attention, q, k, v)
     if not (isinstance(result, tuple) and len(result) == 2):
         fail(name, f"should return a tuple (output, weights), got {type(result).__name__}")
     out, weights = result
     expect_tensor(name, "output", out, expected[0].shape, like=q)
     expect_tensor(name, "weights", weights, expected[1].shape, like=q)
-    expect_unchanged(name, {arg: (t, before[arg]) for arg, t in zip("qkv", (q, k, v))})
-    if mask is not None and not torch.equal(mask, inputs64[3].to(device)):
-        fail(name, "modified its input `mask` in place", "use ~mask or torch.where instead of in-place ops.")
     _expect_no_nan(name, out, weights, inputs64[3])
     if close(out, expected[0]) and close(weights, expected[1]):
         return

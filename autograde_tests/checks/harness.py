@@ -4,9 +4,15 @@ Every check follows the same steps, so a learner sees the same kind of message i
 call the learner's code (an exception becomes a readable failure), insist on a plain tensor of the
 right shape, dtype and device, insist that the inputs were not modified, compare with the reference
 under the tolerance below, and, when the numbers are wrong, name the mistake if a known one matches.
+
+``call`` is the one way a check calls the learner's code: every tensor it hands over is compared with a
+copy taken before the call, so code that changes its input in place is a verdict at that very call, and no
+value a check computes afterwards from those tensors can be one the learner's code chose.
 """
 
 import contextlib
+import functools
+import inspect
 import math
 import sys
 import traceback
@@ -17,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import reference
 from ..remote.proxy import RemoteError, is_module, run_beside, static_names, type_name
 from .beside import operators_used, run_on_meta
 
@@ -161,16 +168,73 @@ def learner_frames(exc: BaseException) -> list[str]:
     return "".join(traceback.format_list(frames)).rstrip("\n").splitlines()
 
 
-def fail(name: str, problem: str, hint: str | None = None, frames: list[str] | None = None) -> None:
+class ChangedInput(CheckFailed):
+    """The verdict on code that changed an input in place (``call``): a check that diagnoses why a call
+    failed lets this one through as it is."""
+
+
+def fail(name: str, problem: str, hint: str | None = None, frames: list[str] | None = None,
+         verdict: type[CheckFailed] = CheckFailed) -> None:
     message = f"{name}: {problem}"
     if hint:
         message += f"\nHint: {hint}"
-    raise CheckFailed(message, frames) from None
+    raise verdict(message, frames) from None
 
 
 def call(name: str, fn: Callable, *args, **kwargs):
-    """Call the learner's function; an exception becomes a failure that says with what it was called."""
-    return learner_step(name, lambda: fn(*args, **kwargs), args)
+    """Call the learner's function; an exception becomes a failure that says with what it was called, and
+    a tensor argument it changed in place fails too (named as the contract names that argument of ``name``)."""
+    return _guarded_call(name, fn, args, kwargs, _contract_names(name))
+
+
+def _guarded_call(name: str, fn: Callable, args: tuple, kwargs: dict, names: Callable[[], list[str]]):
+    """``fn(*args, **kwargs)`` as ``call`` makes it; ``names()`` gives the positional arguments' names."""
+    keys = list(enumerate(args)) + list(kwargs.items())
+    copies = {key: t.detach().clone() for key, t in keys if isinstance(t, torch.Tensor) and not t.is_meta}
+    result = learner_step(name, lambda: fn(*args, **kwargs), args)
+    for key, copied in copies.items():
+        now = args[key] if isinstance(key, int) else kwargs[key]
+        if not _same(now, copied):
+            _fail_changed(name, key if isinstance(key, str) else _nth(names(), key), copied.dtype == torch.bool)
+    return result
+
+
+def _contract_names(name: str) -> Callable[[], list[str]]:
+    """The names of the positional arguments of the learner's ``name`` (a function, a module's forward, or a
+    method such as ``"Transformer.encode"``), read, when needed, from the reference's signature (the contract's)."""
+
+    def names() -> list[str]:
+        try:
+            target = functools.reduce(getattr, name.split("."), reference)
+        except (AttributeError, ImportError):
+            return []
+        if inspect.isclass(target):
+            return list(inspect.signature(target.forward).parameters)[1:]  # without self
+        parameters = list(inspect.signature(target).parameters)
+        return parameters[1:] if "." in name else parameters  # a method's self
+
+    return names
+
+
+def _nth(names: list[str], index: int) -> str:
+    return names[index] if index < len(names) else f"argument {index + 1}"
+
+
+def _same(now: torch.Tensor, before: torch.Tensor) -> bool:
+    """Bit for bit the same tensor (NaN where NaN was)."""
+    if now.shape != before.shape or now.dtype != before.dtype:
+        return False
+    if torch.equal(now, before):
+        return True
+    return now.is_floating_point() and torch.equal(now.isnan(), before.isnan()) and torch.equal(
+        now.nan_to_num(0.0), before.nan_to_num(0.0))
+
+
+def _fail_changed(name: str, arg: str, is_mask: bool) -> None:
+    hint = ("use ~mask or torch.where instead of in-place ops." if is_mask else
+            "use out-of-place operations (x = x - m, masked_fill, torch.where) instead of -=, "
+            "masked_fill_ or slice assignment on an input.")
+    fail(name, f"modified its input `{arg}` in place", hint, verdict=ChangedInput)
 
 
 def learner_step(name: str, step: Callable, shown: tuple):
@@ -224,10 +288,8 @@ def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> 
 
 def output_like_input(name: str, fn: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """``fn(x, ...)``, which must be a plain tensor shaped, typed and placed like ``x``, with ``x`` untouched."""
-    before = x.clone()
-    out = call(name, fn, x, *args, **kwargs)
+    out = _guarded_call(name, fn, (x, *args), kwargs, lambda: ["x", *_contract_names(name)()[1:]])
     expect_tensor(name, "the output", out, x.shape, like=x)
-    expect_unchanged(name, {"x": (x, before)})
     return out
 
 
@@ -235,12 +297,7 @@ def expect_unchanged(name: str, inputs: Mapping[str, tuple[torch.Tensor, torch.T
     """Each ``(tensor, copy_taken_before_the_call)`` must still be bit-for-bit the same."""
     for arg, (now, before) in inputs.items():
         if not torch.equal(now, before):
-            fail(
-                name,
-                f"modified its input `{arg}` in place",
-                "use out-of-place operations (x = x - m, masked_fill, torch.where) instead of -=, "
-                "masked_fill_ or slice assignment on an input.",
-            )
+            _fail_changed(name, arg, is_mask=False)
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, precision: torch.dtype | None = None) -> bool:

@@ -15,6 +15,7 @@ from torch import nn
 from ..reference import multi_head_attention as ref
 from ..reference.attention import scaled_dot_product_attention
 from .harness import (
+    ChangedInput,
     Inputs,
     Mistake,
     call,
@@ -24,7 +25,6 @@ from .harness import (
     copy_weights,
     expect_device_agnostic,
     expect_tensor,
-    expect_unchanged,
     fail,
     fail_difference,
     grid,
@@ -110,7 +110,6 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
         B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
         x64 = Inputs(seed + i).randn(B, T, h * d_k)
         x = x64.to(dtype=dtype, device=device)
-        before = x.clone()
         out = _call_reporting_views(name, split_heads, x, h)
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
             fail(
@@ -119,7 +118,6 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
                 "the h heads share the d_model features: d_k = d_model // n_heads.",
             )
         expect_tensor(name, "the output", out, (B, h, T, d_k), like=x)
-        expect_unchanged(name, {"x": (x, before)})
         expected = ref.split_heads(x64, h)
         if not close(out, expected):
             name_the_mistake(name, "the output", out, expected, candidates(SPLIT_MISTAKES, x64, h))
@@ -139,10 +137,8 @@ def check_merge_heads(merge_heads, hidden: bool = False) -> None:
         B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
         x64 = Inputs(seed + i).randn(B, h, T, d_k)
         x = x64.to(dtype=dtype, device=device)
-        before = x.clone()
         out = _call_reporting_views(name, merge_heads, x)
         expect_tensor(name, "the output", out, (B, T, h * d_k), like=x)
-        expect_unchanged(name, {"x": (x, before)})
         expected = ref.merge_heads(x64)
         if not close(out, expected):
             name_the_mistake(name, "the output", out, expected, candidates(MERGE_MISTAKES, x64))
@@ -310,6 +306,8 @@ def _forward(name, module, case: MHACase, x, y, mask):
         return call(name, module, x, **kwargs)
     try:
         return call(name, module, x, y, **kwargs)
+    except ChangedInput:
+        raise
     except AssertionError:
         if case.m != case.n and mask is None and _runs(module, x, x):
             fail(
@@ -362,7 +360,6 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
 def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_output, dtype, device) -> None:
     x, y, mask = (None if t is None else t.to(device) for t in inputs64)
     x, y = x.to(dtype), y.to(dtype)
-    before = {"x": (x, x.clone()), "y": (y, y.clone())}
     result = _forward(name, learner, case, x, y, mask)
     if not (isinstance(result, tuple) and len(result) == 2):
         fail(name, f"forward should return a tuple (output, weights), got {type(result).__name__}")
@@ -370,9 +367,6 @@ def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_ou
     _expect_weights_per_head_and_key(name, weights, expected[1].shape)
     expect_tensor(name, "output", out, expected[0].shape, like=x)
     expect_tensor(name, "weights", weights, expected[1].shape, like=x)
-    expect_unchanged(name, before)
-    if mask is not None and not torch.equal(mask, inputs64[2].to(device)):
-        fail(name, "modified its input `mask` in place", "use ~mask or torch.where instead of in-place ops.")
     if torch.isnan(out).any() or torch.isnan(weights).any():
         fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
     if not (close(out, expected[0]) and close(weights, expected[1])):
