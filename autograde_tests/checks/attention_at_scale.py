@@ -7,7 +7,8 @@ The verdicts are taken here, from those numbers:
 - equality with the reference (itself proven against ``F.scaled_dot_product_attention``), judged here on
   inputs made here: the points of a graded run;
 - the rules below read the watcher's record, which in a graded run is the sandboxed kernel's word and so
-  a note, worth no points (``how.kernel_reported``), until the sandbox's memory is measured from outside;
+  a note, worth no points (``how.kernel_reported``): the memory the OS measures from outside is the whole
+  submission's peak (``grading.cgroups``), which no score matrix of these sizes would move;
 - the memory bound: no tensor with m·n or more elements (a full score matrix) while ``tiled_attention``
   runs, no tensor as large as the whole rows while ``online_softmax`` runs;
 - the work bound: causal ``tiled_attention`` creates about half the elements of the same call without the
