@@ -60,11 +60,12 @@ class Cgroup:
                      _keyed(memory / "memory.oom_control").get("oom_kill", 0), _keyed(pids / "pids.events").get("max", 0))
 
     def remove(self) -> None:
-        """Kill whatever still runs in it (no fork can outrun this: forks are refused first), then remove it."""
-        pids = self.folders[-1]
-        _write(pids / "pids.max", "0")
+        """Kill whatever still runs in it, then remove it. A folder that stays busy is left to the next
+        worker here, which removes the cgroups of workers that are gone (``Hierarchy.remove_stale``)."""
+        for folder in self.folders:  # no fork can outrun the killing
+            _write(folder / "pids.max", "0", optional=True)
         for folder in self.folders:
-            for _ in range(200):
+            for _ in range(500):
                 if _empty_and_removed(folder):
                     break
                 time.sleep(0.01)  # a killed process leaves its cgroup as it finishes exiting
@@ -112,6 +113,13 @@ class Hierarchy:
             _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
             _write(pids / "pids.max", str(processes))
         return cgroup
+
+    def remove_stale(self) -> None:
+        """Remove the cgroups (and their processes) of grading workers that died before they could."""
+        for parent in self.parents:
+            for folder in parent.glob("grading-*-*"):
+                if not _alive(int(folder.name.split("-")[1])):
+                    Cgroup([folder], self.version).remove()
 
     def describe(self, memory_bytes: int, processes: int = PROCESSES) -> str:
         return (f"each submission is bounded as a whole by cgroup v{self.version}: "
@@ -193,6 +201,14 @@ def _delegating(folder: Path) -> Path:
                           f"({os.strerror(exc.errno)}: it holds processes of its own); start the grader in a "
                           "cgroup of its own that delegates them") from None
     return folder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def join(folders: list[Path], pid: int) -> None:

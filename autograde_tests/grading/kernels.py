@@ -51,6 +51,7 @@ class WarmKernels:
         self.folder, self.memory_bytes, self.sandbox, self.ahead = folder, memory_bytes, sandbox, ahead
         try:
             self.hierarchy: cgroups.Hierarchy | None = cgroups.bounds()
+            self.hierarchy.remove_stale()
             self.bounds = self.hierarchy.describe(memory_bytes)
         except cgroups.Unavailable as exc:
             self.hierarchy = None

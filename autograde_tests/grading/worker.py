@@ -20,6 +20,7 @@ import atexit
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import tempfile
 import threading
@@ -119,6 +120,7 @@ def grade(job: Job) -> dict:
     finally:
         timed_out = not deadline.is_alive()
         deadline.cancel()
+        ended = kernel.provisioner.process.poll()  # a status if the kernel ended before the grader killed it
         usage = kill(kernel)
         for folder in ("submitted", "autograded", "feedback"):
             shutil.rmtree(course / folder / job.student, ignore_errors=True)
@@ -128,6 +130,8 @@ def grade(job: Job) -> dict:
                             f"at {job.memory_bytes / 2**30:g} GiB for the whole submission"}
     elif timed_out and result["status"] != "graded":
         result = {"status": "needs-attention", "reason": f"timed out after {job.timeout} s (killed)"}
+    elif ended is not None and result["status"] != "graded":
+        result = {"status": "needs-attention", "reason": f"the kernel died ({_how_it_ended(ended)})"}
     resources = {"bounds": _worker.kernels.bounds} | (usage.as_dict() if usage else {})
     return result | {"resources": resources, "worker": _name(), "seconds": round(time.perf_counter() - start, 2)}
 
@@ -168,9 +172,18 @@ def _name() -> str:
     return f"{socket.gethostname()}/{get_worker().name}"
 
 
+def _how_it_ended(status: int) -> str:
+    """The kernel's process status as the OS gave it: bubblewrap passes its child's exit status on, and
+    128 + N for a child killed by signal N; an unsandboxed kernel's is -N."""
+    if status < 0 or status > 128:
+        number = -status if status < 0 else status - 128
+        name = signal.Signals(number).name if number in signal.valid_signals() else f"signal {number}"
+        return f"its process was killed by {name}"
+    return f"its process exited with status {status}"
+
+
 def _failure_reason(error: str) -> str:
-    if any(marker in error for marker in ("DeadKernelError", "KernelDied", "Kernel died", "kernel died")):
-        return "the kernel died (a crash, os._exit or a memory limit)"
+    """Why nbgrader could not grade a notebook whose kernel still runs, from nbgrader's own log."""
     if "CellTimeoutError" in error or "TimeoutError" in error:
         return "a cell did not finish within the time limit"
     if "CellExecutionError" in error:
