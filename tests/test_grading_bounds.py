@@ -75,6 +75,7 @@ try:
 except OSError as e:
     print(f"CONNECTION {errno.errorcode[e.errno]}")
 '''
+ONE_BIG_TENSOR = "big = torch.ones(2**29)  # 2 GiB, in the kernel itself"
 RAISES_MEMORY_ERROR = "raise MemoryError(\"can't allocate memory: not enough memory (MemoryError)\")"
 
 
@@ -94,11 +95,12 @@ SUBMISSIONS = {
     "fills_dev_shm": at_the_end(FILLS_DEV_SHM),
     "fills_the_sockets_folder": at_the_end(FILLS_THE_SOCKETS_FOLDER),
     "raises_memory_error": at_the_end(RAISES_MEMORY_ERROR),
+    "one_big_tensor": at_the_end(ONE_BIG_TENSOR),
 }
 
 
-def grade(root: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS],
+def grade(root: Path, cwd: Path = REPO, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS, *args],
                           capture_output=True, text=True, cwd=cwd)
 
 
@@ -183,6 +185,13 @@ def test_the_sockets_folder_is_a_tiny_tmpfs_and_the_connection_file_read_only(gr
     assert "CONNECTION EROFS" in lines  # the grader's file, on the grader's disk, is read-only in there
 
 
+def test_a_kernel_killed_for_memory_needs_attention_for_memory(graded):
+    root, _ = graded
+    result = outcome(root, "one_big_tensor")
+    assert result["status"] == "needs-attention" and result["reason"].startswith("memory limit exceeded"), result
+    assert result["resources"]["oom_kills"] >= 1
+
+
 @pytest.mark.parametrize("chapter", [CHAPTER, LATER_CHAPTER])
 def test_a_learner_raising_memory_error_is_graded_as_its_answers_earn(graded, chapter):
     root, _ = graded
@@ -212,3 +221,15 @@ def test_grading_from_another_clone_uses_that_clone_and_gets_the_right_scores(tm
     assert run.returncode == 0, run.stderr[-3000:]
     assert (outcome(root, "correct")["status"], outcome(root, "correct")["score"]) == ("graded", 6)
     assert (outcome(root, CANARY.student)["status"], outcome(root, CANARY.student)["score"]) == ("graded", 2)
+
+
+def test_a_kernel_that_cannot_start_is_the_graders_fault_never_a_score(tmp_path, bounded):
+    """Too little memory for any kernel (10 MiB): the sandbox never answers the probe, and the submission
+    needs attention as the grader's fault instead of a 0 for its learner."""
+    root = class_of(tmp_path / "course", {"correct": solved})
+    run = grade(root, REPO, "--memory", "0.01")
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = outcome(root, "correct")
+    assert result["status"] == "needs-attention", result
+    assert result["reason"].startswith("not graded: the grader's fault, not the submission's: the sandboxed kernel did not start")
+    assert "needs attention  correct / 01_attention: not graded: the grader's fault" in run.stdout
