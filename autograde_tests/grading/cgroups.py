@@ -123,7 +123,12 @@ class Hierarchy:
 
     def describe(self, memory_bytes: int, processes: int = PROCESSES) -> str:
         return (f"each submission is bounded as a whole by cgroup v{self.version}: "
-                f"{memory_bytes / 2**30:.1f} GiB of memory and {processes} processes in all")
+                f"{size(memory_bytes)} of memory and {processes} processes in all")
+
+
+def size(count: int) -> str:
+    """Bytes as people read them: GiB, or MiB below one GiB."""
+    return f"{count / 2**30:.1f} GiB" if count >= 2**30 else f"{count / 2**20:.0f} MiB"
 
 
 def bounds(cgroup_file: Path = Path("/proc/self/cgroup"), mountinfo: Path = Path("/proc/self/mountinfo")) -> Hierarchy:

@@ -56,7 +56,7 @@ class WarmKernels:
         except cgroups.Unavailable as exc:
             self.hierarchy = None
             self.bounds = (f"no cgroup could bound a submission as a whole ({exc}): memory was bounded per process "
-                           f"only ({memory_bytes / 2**30:.1f} GiB each, RLIMIT_AS), and the number of processes not at all")
+                           f"only ({cgroups.size(memory_bytes)} each, RLIMIT_AS), and the number of processes not at all")
         self.specs = Path(tempfile.mkdtemp(prefix="kernelspecs-", dir=folder))
         self.chapter: str | None = None
         self.waiting: list[AsyncKernelManager] = []

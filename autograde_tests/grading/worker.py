@@ -32,6 +32,7 @@ import nbformat
 import psutil
 
 from .. import nbgrader_course
+from . import cgroups
 from .kernels import KernelFault, WarmKernels, kill, terminate
 
 
@@ -127,7 +128,7 @@ def grade(job: Job) -> dict:
     if usage is not None and usage.oom_kills:
         result = {"status": "needs-attention",
                   "reason": f"memory limit exceeded: the OS ended {usage.oom_kills} of its processes "
-                            f"at {job.memory_bytes / 2**30:g} GiB for the whole submission"}
+                            f"at {cgroups.size(job.memory_bytes)} for the whole submission"}
     elif timed_out and result["status"] != "graded":
         result = {"status": "needs-attention", "reason": f"timed out after {job.timeout} s (killed)"}
     elif ended is not None and result["status"] != "graded":
