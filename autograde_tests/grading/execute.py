@@ -132,8 +132,10 @@ class GraderExecute(Execute):
     # A graded kernel is thrown away: killed at once, it does not make every submission wait for its farewell.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
     # A cell whose last messages never came (lost in a flood, or with a connection zmq cut) ends there,
-    # without them; nbgrader's default would fail the whole notebook.
+    # without them, instead of failing the whole notebook; they get long enough to come from a kernel
+    # on a busy machine (a request's reply is one of them).
     raise_on_iopub_timeout = Bool(False).tag(config=True)
+    iopub_timeout = Integer(10).tag(config=True)
     # A kernel the worker started ahead, used for this notebook. A class attribute, set on a subclass:
     # nbgrader deep-copies its configuration, and a running kernel cannot be copied.
     started = None
