@@ -309,7 +309,10 @@ DAMAGED = [
     Case("name_error_in_one_cell", with_extra_cell("print(undefined_name)"), 6),
     # resource abuse
     Case("infinite_loop_in_a_cell", with_extra_cell("while True:\n    pass"), 6),
-    Case("huge_allocation", with_extra_cell("big = torch.empty(2**40)"), "memory limit"),
+    # 4 GiB written under a 3 GiB cap: the cgroup's OOM killer ends the kernel
+    Case("huge_allocation", with_extra_cell("big = torch.ones(2**30)"), "memory limit"),
+    # 4 TiB asked for at once: refused as the cell runs (the kernel lives on), graded as its answers earn
+    Case("impossible_allocation", with_extra_cell("big = torch.empty(2**40)"), 6),
     Case("output_flood", with_extra_cell("for _ in range(200):\n    print('x' * 100_000)"), 6),
     # malformed files
     Case("invalid_json", lambda r: b'{"cells": [', "unreadable notebook"),

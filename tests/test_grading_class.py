@@ -24,7 +24,9 @@ from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
 COLLECTED = {"timestamp.txt": "2026-01-05 10:00:00.000000 UTC", "submission_secret.txt": "a1b2c3"}
-LIMITS = ["--jobs", "2", "--timeout", "120", "--cell-timeout", "10", "--memory", "3", "--output", "200000"]
+# Time limits no honest notebook comes near on a machine busy with other work (a graded test cell's requests
+# share one --cell-timeout); the one submission that loops forever spends a cell's limit.
+LIMITS = ["--jobs", "2", "--timeout", "600", "--cell-timeout", "60", "--memory", "3", "--output", "200000"]
 
 
 def grade(root: Path, *args: str) -> subprocess.CompletedProcess:

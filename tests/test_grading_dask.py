@@ -10,8 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import nbformat
@@ -24,6 +22,7 @@ from autograde_tests import course, nbgrader_course
 
 from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
 from .test_grading_class import grade, outcomes
+from .waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -69,11 +68,9 @@ def scheduler(tmp_path_factory):
                                  "--scheduler-file", folder / "scheduler.json"], env=env, cwd=folder,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        for _ in range(300):
-            if (folder / "scheduler.json").is_file() and (folder / "scheduler.json").read_text().strip():
-                break
-            time.sleep(0.1)
-        address = json.loads((folder / "scheduler.json").read_text())["address"]
+        # Dask's client waits for the scheduler to write its file, and connects.
+        with Client(scheduler_file=str(folder / "scheduler.json"), timeout=60) as client:
+            address = client.scheduler.address
         for name in ("left", "right"):
             started.append(subprocess.Popen([BIN / "dask", "worker", address, "--name", name, "--nthreads", "1",
                                              "--host", "127.0.0.1", "--no-dashboard"], env=env, cwd=folder,
@@ -92,15 +89,15 @@ def scheduler(tmp_path_factory):
 
 
 def killer(student: str, marker: Path | None) -> WorkerPlugin:
-    """For tests only: the worker that starts grading ``student`` dies a second later, every time, or
-    only once when ``marker`` is given (the file then records that it happened). Made in a function so
-    that Dask ships the class itself to the workers, which cannot import the tests."""
+    """For tests only: the worker that starts grading ``student`` dies as the task starts executing, every
+    time, or only once when ``marker`` is given (the file then records that it happened). Made in a
+    function so that Dask ships the class itself to the workers, which cannot import the tests."""
     class Kill(WorkerPlugin):
         def transition(self, key, start, finish, **kwargs):
             if finish == "executing" and f"-{student}-" in str(key) and not (marker and marker.exists()):
                 if marker:
                     marker.touch()
-                threading.Timer(1.0, os._exit, (1,)).start()
+                os._exit(1)
     return Kill()
 
 
@@ -161,10 +158,7 @@ def test_an_interrupted_batch_grades_only_what_is_missing(small_class, local_sco
     command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1"]
     coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = root / ".grading" / "state.json"
-    for _ in range(1200):
-        if state.is_file() and len(json.loads(state.read_text())) >= 2:
-            break
-        time.sleep(0.1)
+    until(lambda: state.is_file() and len(json.loads(state.read_text())) >= 2, 120, "two pairs graded")
     started = psutil.Process(coordinator.pid).children(recursive=True)
     os.killpg(coordinator.pid, signal.SIGINT)
     coordinator.wait(timeout=60)

@@ -24,6 +24,9 @@ from autograde_tests.grading.worker import Job, grade
 from .adversarial import CHAPTER, solved, with_extra_cell
 
 REPO = Path(__file__).resolve().parents[1]
+# Limits no honest notebook comes near, even on a machine busy with other work; the tests of the limits
+# themselves set their own.
+CELL_TIMEOUT = 120
 pytestmark = pytest.mark.sandbox
 
 
@@ -49,7 +52,7 @@ def client():
         yield connected
 
 
-def make_job(template: Path, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> Job:
+def make_job(template: Path, notebook, timeout: int, cell_timeout: int = CELL_TIMEOUT, config: str = "") -> Job:
     """The task the batch would send for ``notebook``: data only, read from the course ``template``."""
     config = config or (template / "nbgrader_config.py").read_text()
     return Job("mallory", CHAPTER, nbformat.writes(notebook), config,
@@ -64,7 +67,7 @@ def grade_on(client, job: Job) -> dict:
     return result
 
 
-def run_one(template: Path, client, notebook, timeout: int, cell_timeout: int = 5, config: str = "") -> dict:
+def run_one(template: Path, client, notebook, timeout: int, cell_timeout: int = CELL_TIMEOUT, config: str = "") -> dict:
     return grade_on(client, make_job(template, notebook, timeout, cell_timeout, config))
 
 
@@ -89,7 +92,7 @@ def release(template: Path):
 
 
 def test_a_kernel_that_exits_is_reported_not_graded(template, client):
-    result = run_one(template, client, with_extra_cell("import os\nos._exit(1)")(release(template)), timeout=120)
+    result = run_one(template, client, with_extra_cell("import os\nos._exit(1)")(release(template)), timeout=600)
     assert result["status"] == "needs-attention" and "kernel died" in result["reason"]
 
 
@@ -108,7 +111,7 @@ def test_a_kernel_that_ignores_interrupts_is_killed_at_the_submission_time_limit
 
 
 def test_the_same_machinery_grades_a_correct_notebook(template, client):
-    result = run_one(template, client, solved(release(template)), timeout=120)
+    result = run_one(template, client, solved(release(template)), timeout=600)
     assert result["status"] == "graded" and sum(result["scores"].values()) == 6
     assert result["worker"].startswith(socket.gethostname() + "/")
 
@@ -123,7 +126,7 @@ def test_the_worker_keeps_its_own_gradebook_whatever_the_course_configures(templ
 
 def test_the_worker_needs_no_course_folder(template, client, tmp_path):
     course = Path(shutil.copytree(template, tmp_path / "course"))
-    job = make_job(course, solved(release(template)), timeout=120)
+    job = make_job(course, solved(release(template)), timeout=600)
     shutil.rmtree(course)
     result = grade_on(client, job)
     assert result["status"] == "graded" and sum(result["scores"].values()) == 6
@@ -136,8 +139,8 @@ LOOKS_FOR_IT = ("import builtins, os\n"
 
 def test_a_kernel_is_never_reused(template, client):
     """What one submission leaves in its kernel (a global, a file in its /tmp) is not there for the next."""
-    assert run_one(template, client, with_extra_cell(LEAVES_SOMETHING)(release(template)), timeout=120)["status"] == "graded"
-    result = run_one(template, client, with_extra_cell(LOOKS_FOR_IT)(release(template)), timeout=120)
+    assert run_one(template, client, with_extra_cell(LEAVES_SOMETHING)(release(template)), timeout=600)["status"] == "graded"
+    result = run_one(template, client, with_extra_cell(LOOKS_FOR_IT)(release(template)), timeout=600)
     assert "CLEAN" in printed(result) and "FOUND" not in printed(result)
 
 
@@ -149,7 +152,7 @@ def test_a_worker_shut_down_leaves_no_kernel_behind(template):
     stale = Path(tempfile.gettempdir()) / f"grading-worker-{gone.pid}-killed"
     stale.mkdir()
     with local_cluster() as own:
-        assert run_one(template, own, solved(release(template)), timeout=120)["status"] == "graded"
+        assert run_one(template, own, solved(release(template)), timeout=600)["status"] == "graded"
         (pid,) = own.run(os.getpid).values()
         (folder,) = own.run(lambda: worker._worker.root).values()
         waiting = psutil.Process(pid).children(recursive=True)
@@ -195,7 +198,7 @@ def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(templ
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     source = LOOK_AROUND.replace("COURSE", repr(str(template))).replace("PORT", str(listener.getsockname()[1]))
-    result = run_one(template, client, with_extra_cell(source)(release(template)), timeout=120)
+    result = run_one(template, client, with_extra_cell(source)(release(template)), timeout=600)
     listener.close()
     assert result["status"] == "graded"
     seen = json.loads(next(line for line in printed(result).splitlines() if line.startswith("SEEN")).removeprefix("SEEN"))

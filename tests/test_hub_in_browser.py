@@ -23,11 +23,13 @@ from autograde_tests.hub import REPO, Hub, free_port
 from autograde_tests.nbgrader_course import gradebook
 
 from .browser import browser, chromium
+from .waiting import until
 
 pytestmark = pytest.mark.sandbox  # the instructor grades with make grade
 
 CHAPTER = "01_attention"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
+ENDED = "step-ended"
 MISTAKE_MESSAGE = "without the 1/sqrt(d_k) scale"
 FULL, MISTAKEN = 6.0, 2.0  # softmax (2 points) and scaled_dot_product_attention (4 points)
 LONG = 180_000  # ms: a JupyterLab start or a graded notebook on a busy machine
@@ -86,11 +88,10 @@ def in_terminal(page, hub: Hub, command: str) -> str:
     # Keys typed before the shell's first output would be lost: wait for its prompt.
     opened.value.expect_event("framereceived", lambda frame: "stdout" in str(frame), timeout=LONG)
     page.locator(".jp-Terminal .xterm-helper-textarea").focus()
-    page.keyboard.type(f"cd && ({command}) > {log.name} 2>&1; echo $? > {status.name}\n")
-    deadline = time.monotonic() + 600
-    while not status.is_file() or not status.read_text().strip():
-        assert time.monotonic() < deadline, f"{command}: no end after 10 minutes"
-        time.sleep(0.5)
+    # The shell prints ENDED once the status is written; the typed line, echoed, shows it split in two.
+    with opened.value.expect_event("framereceived", lambda frame: ENDED in str(frame), timeout=600_000):
+        page.keyboard.type(f"cd && ({command}) > {log.name} 2>&1; echo $? > {status.name}; "
+                           f"echo {ENDED[:4]}''{ENDED[4:]}\n")
     output = log.read_text()
     assert status.read_text().strip() == "0", f"{command}:\n{output}"
     return output
@@ -117,10 +118,7 @@ def answer(page, hub: Hub, name: str, answers: dict[str, str]) -> None:
             page.keyboard.insert_text(answers[grade_id])
     page.keyboard.press("Control+S")
     saved = hub.home(name) / CHAPTER / f"{CHAPTER}.ipynb"
-    deadline = time.monotonic() + 30
-    while _answers(nbformat.read(saved, as_version=4)) != answers:
-        assert time.monotonic() < deadline, f"{name}'s answers were not saved"
-        time.sleep(0.5)
+    until(lambda: _answers(nbformat.read(saved, as_version=4)) == answers, 30, f"{name}'s answers saved")
 
 
 def _answers(notebook) -> dict[str, str]:
@@ -201,12 +199,8 @@ def fetch_feedback(page, hub: Hub, name: str) -> str:
     """Fetch Feedback in the Assignments tab, then open the fetched page through the hub."""
     listing = open_assignments(page)
     listing.locator("#submitted_assignments_list").get_by_role("button", name="Fetch Feedback").click()
-    found = []
-    deadline = time.monotonic() + 60
-    while not found:
-        assert time.monotonic() < deadline, f"no feedback reached {name}"
-        found = sorted((hub.home(name) / CHAPTER / "feedback").glob(f"*/{CHAPTER}.html"))
-        time.sleep(0.5)
+    found = until(lambda: sorted((hub.home(name) / CHAPTER / "feedback").glob(f"*/{CHAPTER}.html")), 60,
+                  f"feedback reaching {name}")
     relative = found[-1].relative_to(hub.home(name)).as_posix()
     page.goto(f"{hub.url}user/{name}/files/{relative}")
     return page.locator("body").inner_text()
