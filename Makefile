@@ -49,9 +49,10 @@ hub: venv proxy
 	$(BIN)/python -m autograde_tests.hub --proxy $(abspath $(HUB_PROXY)) $(ARGS)
 
 ## Run the whole test suite (both editions of the book are built first: their tests read the pages; the hub's
-## proxy is installed where npm is, and the hub's browser test is skipped where it is not).
+## proxy is installed where npm is, and the hub's browser test is skipped where it is not). Test modules are
+## spread over one worker per core; a module and its fixtures stay on one worker.
 test: book book-instructor $(if $(shell command -v npm),proxy)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadscope
 
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
 ## notebooks/ (the learners' release) with nbgrader.
