@@ -288,9 +288,9 @@ def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: di
             grade.auto_score = score
             grade.needs_manual_grade = grade.manual_score is not None
         book.db.commit()
-    for destination, files in staged.items():  # the files follow the grade only once it is written
+    for destination, written in staged.items():  # the files follow the grade only once it is written
         shutil.rmtree(destination, ignore_errors=True)
-        files.rename(destination)
+        written.rename(destination)
     outcome.score = sum(result["scores"].values())
     outcome.max_score = sum(result["max_scores"].values())
     return outcome
