@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from autograde_tests import course, nbgrader_course
+from autograde_tests.grading import batch
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -76,6 +77,12 @@ def _instructors_notebook_as_a_file(root: Path) -> None:
     notebook_of(root, "instructors_notebook_as_a_file").write_bytes(instructors(root).read_bytes())
 
 
+def _oversized_notebook(root: Path) -> None:
+    """Larger than any notebook may be (a sparse file: it takes no disk)."""
+    with open(notebook_of(root, "oversized_notebook"), "wb") as notebook:
+        notebook.truncate(batch.NOTEBOOK_BYTES + 1)
+
+
 def _linked_notebook_of_chapter_7(root: Path) -> None:
     notebook_of(root, "linked_notebook_of_chapter_7", OTHER).symlink_to(instructors(root, OTHER))
 
@@ -90,6 +97,8 @@ EXPECTED = {
     "linked_deep_inside": (CHAPTER, f"submitted/linked_deep_inside/{CHAPTER}/data/answers.txt is a symbolic link"),
     "fifo_notebook": (CHAPTER, f"submitted/fifo_notebook/{CHAPTER}/{CHAPTER}.ipynb is a FIFO (named pipe)"),
     "instructors_notebook_as_a_file": (CHAPTER, "this is the instructor's notebook"),
+    "oversized_notebook": (CHAPTER, f"submitted/oversized_notebook/{CHAPTER}/{CHAPTER}.ipynb is larger than "
+                                    f"{batch.NOTEBOOK_BYTES} bytes"),
     "linked_notebook_of_chapter_7": (OTHER, f"submitted/linked_notebook_of_chapter_7/{OTHER}/{OTHER}.ipynb "
                                             "is a symbolic link (to "),
 }
@@ -109,6 +118,7 @@ def graded(tmp_path_factory):
     _linked_deep_inside(root)
     _fifo_notebook(root)
     _instructors_notebook_as_a_file(root)
+    _oversized_notebook(root)
     _linked_notebook_of_chapter_7(root)
     run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS],
                          capture_output=True, text=True, timeout=900)

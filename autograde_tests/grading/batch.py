@@ -36,6 +36,7 @@ from .advisories import advisories
 WORK = ".grading"
 CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission
 CARRIED_BYTES = 64 * 2**10  # more is not a timestamp or a secret
+NOTEBOOK_BYTES = exchange.MAX_UPLOAD  # a notebook's limit, as for an upload (nbgrader's own max_file_size)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,8 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
         return attention(f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
     course = settings.course
     try:  # read as data, once: what was checked is what is graded, even if the folder changes meanwhile
-        data = files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb")
+        data = files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb",
+                                  NOTEBOOK_BYTES)
         carried = _carried(course, pair)
     except files.NotData as exc:
         return attention(f"submitted/{exc}: nothing was copied or graded")

@@ -170,7 +170,14 @@ class GraderExecute(Execute):
         if self.kc is not None and self.kc.lost():
             self.kc.stop_channels()
             self.start_new_kernel_client()
+        self.raise_on_iopub_timeout = False
         return super().execute_cell(cell, cell_index, execution_count, store_history)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        """A cell past its time is interrupted; a kernel that then never gets back to idle (it ignores the
+        interrupt) did not finish the cell: that ends the notebook, as it does under nbgrader's own Execute."""
+        self.raise_on_iopub_timeout = True
+        return await super()._async_handle_timeout(timeout, cell)
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):
