@@ -35,14 +35,8 @@ def kind(path: Path) -> str:
         try:
             return f"a symbolic link (to {os.readlink(path)})"
         except OSError:
-            return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a folder" if stat.S_ISDIR(mode) else "a file"
+            pass
+    return _mode_kind(mode)
 
 
 def student_id_problem(student_id: str) -> str | None:
@@ -130,9 +124,9 @@ def _mode_kind(mode: int) -> str:
         return "a FIFO (named pipe)"
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    return "not a regular file"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a folder" if stat.S_ISDIR(mode) else "a file"
 
 
 @dataclass(frozen=True)
