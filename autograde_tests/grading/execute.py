@@ -174,9 +174,10 @@ class GraderExecute(Execute):
         return super().execute_cell(cell, cell_index, execution_count, store_history)
 
     async def _async_handle_timeout(self, timeout, cell=None):
-        """A cell past its time is interrupted; a kernel that then never gets back to idle (it ignores the
-        interrupt) did not finish the cell: that ends the notebook, as it does under nbgrader's own Execute."""
-        self.raise_on_iopub_timeout = True
+        """A cell past its time is interrupted. A kernel that then sends nothing more for the cell (it ignores
+        the interrupt) did not finish it: that ends the notebook, as under nbgrader's own Execute. One still
+        sending (a slow flood), or whose connection zmq cut, only loses the cell's last messages."""
+        self.raise_on_iopub_timeout = not (self.kc is not None and self.kc.lost())
         return await super()._async_handle_timeout(timeout, cell)
 
     def preprocess_cell(self, cell, resources, index):
@@ -229,6 +230,7 @@ class GraderExecute(Execute):
     def process_message(self, msg, cell, cell_index):
         """A message of a cell: the awaited reply is taken aside; any other counts against the cap before
         nbclient keeps anything of it, and only outputs and clear_output reach nbclient."""
+        self.raise_on_iopub_timeout = False  # the kernel still answers for this cell (see _async_handle_timeout)
         if self._is_reply(msg):
             self.awaiting, self.reply = False, msg["content"]["data"][MIME]["reply"]
             return None
