@@ -4,8 +4,8 @@ are the local run's; a worker killed mid-task costs no grade; a submission whose
 worker it meets ends as needs-attention and the batch goes on; a coordinator interrupted and run again
 grades only what is missing."""
 
-import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,7 +22,6 @@ from autograde_tests import course, nbgrader_course
 
 from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
 from .test_grading_class import grade, outcomes
-from .waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -151,17 +150,25 @@ def test_a_submission_that_kills_every_worker_needs_attention(small_class, local
     assert found == {pair: got for pair, got in local_scores.items() if not pair.startswith("student5/")}
 
 
+def graded_so_far(coordinator: subprocess.Popen, count: int) -> None:
+    """Read the coordinator's progress bar (tqdm, on stderr) as it is written, until ``count`` are graded."""
+    written = b""
+    while not any(int(n) >= count for n in re.findall(rb"(\d+)/\d+ \[", written)):
+        chunk = os.read(coordinator.stderr.fileno(), 4096)
+        assert chunk, f"the coordinator ended before {count} were graded:\n{written[-2000:].decode(errors='replace')}"
+        written += chunk
+
+
 def test_an_interrupted_batch_grades_only_what_is_missing(small_class, local_scores, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once two pairs are graded;
     nothing it started survives; the next run grades the rest."""
     root = copy_of(small_class, tmp_path)
     command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1"]
-    coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = root / ".grading" / "state.json"
-    until(lambda: state.is_file() and len(json.loads(state.read_text())) >= 2, 120, "two pairs graded")
+    coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    graded_so_far(coordinator, 2)
     started = psutil.Process(coordinator.pid).children(recursive=True)
     os.killpg(coordinator.pid, signal.SIGINT)
-    coordinator.wait(timeout=60)
+    coordinator.communicate(timeout=60)
     psutil.wait_procs(started, timeout=30)
     assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     done = len(outcomes(root))
