@@ -23,7 +23,6 @@ from autograde_tests.hub import REPO, Hub, free_port
 from autograde_tests.nbgrader_course import gradebook
 
 from .browser import browser, chromium
-from .waiting import until
 
 pytestmark = pytest.mark.sandbox  # the instructor grades with make grade
 
@@ -116,9 +115,11 @@ def answer(page, hub: Hub, name: str, answers: dict[str, str]) -> None:
             editor.click()
             page.keyboard.press("Control+A")
             page.keyboard.insert_text(answers[grade_id])
-    page.keyboard.press("Control+S")
+    # The save is done when JupyterLab's PUT of the notebook has its answer.
+    with page.expect_response(lambda r: r.request.method == "PUT" and "/api/contents/" in r.url, timeout=LONG):
+        page.keyboard.press("Control+S")
     saved = hub.home(name) / CHAPTER / f"{CHAPTER}.ipynb"
-    until(lambda: _answers(nbformat.read(saved, as_version=4)) == answers, 30, f"{name}'s answers saved")
+    assert _answers(nbformat.read(saved, as_version=4)) == answers, f"{name}'s answers were not saved"
 
 
 def _answers(notebook) -> dict[str, str]:
@@ -198,9 +199,11 @@ def test_the_course_runs_on_a_jupyterhub(hub):
 def fetch_feedback(page, hub: Hub, name: str) -> str:
     """Fetch Feedback in the Assignments tab, then open the fetched page through the hub."""
     listing = open_assignments(page)
-    listing.locator("#submitted_assignments_list").get_by_role("button", name="Fetch Feedback").click()
-    found = until(lambda: sorted((hub.home(name) / CHAPTER / "feedback").glob(f"*/{CHAPTER}.html")), 60,
-                  f"feedback reaching {name}")
+    # The feedback is in the learner's folder once nbgrader's fetch_feedback request has its answer.
+    with page.expect_response(lambda r: "assignments/fetch_feedback" in r.url, timeout=LONG):
+        listing.locator("#submitted_assignments_list").get_by_role("button", name="Fetch Feedback").click()
+    found = sorted((hub.home(name) / CHAPTER / "feedback").glob(f"*/{CHAPTER}.html"))
+    assert found, f"no feedback reached {name}"
     relative = found[-1].relative_to(hub.home(name)).as_posix()
     page.goto(f"{hub.url}user/{name}/files/{relative}")
     return page.locator("body").inner_text()
