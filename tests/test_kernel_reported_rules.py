@@ -14,6 +14,7 @@ from torch import nn
 
 import autograde_tests.reference as R
 from autograde_tests.checks import (
+    check_causal_mask,
     check_ffn_as_conv1d,
     check_generate,
     check_online_softmax,
@@ -23,12 +24,21 @@ from autograde_tests.checks import (
     check_transformer,
 )
 from autograde_tests.checks import beside, stand_ins
+from autograde_tests.checks.harness import ON_A_FIXED_DEVICE
 from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
 from autograde_tests.grading.reach import Reach
 from autograde_tests.remote.proxy import Session
 
 from .conftest import kernel_stand_in
-from .test_04_ffn_layernorm_residual_checks import CallingTheSublayerTwice, ConvByFunctional, PermutedConvFFN
+from .test_01_attention_checks import softmax_fixed_device
+from .test_03_attention_variants_checks import causal_on_the_cpu
+from .test_04_ffn_layernorm_residual_checks import (
+    CallingTheSublayerTwice,
+    ConvByFunctional,
+    PermutedConvFFN,
+    conv_returning_the_ffn,
+    conv_with_wide_kernels,
+)
 from .test_06_decoder_only_checks import make_generate
 from .test_07_attention_at_scale_checks import naive_attention, online_softmax_in_two_passes
 
@@ -104,6 +114,30 @@ def test_a_softmax_named_at_run_time_is_seen_by_the_kernel_alone_so_a_graded_run
                        "calls a built-in softmax", capsys)
 
 
+# ------------------------------------------------------------- any chapter: the run on shape-only tensors
+
+
+def test_a_device_written_into_the_code_fails_in_learner_mode_and_is_a_note_in_a_graded_run(capsys):
+    with pytest.raises(AssertionError, match=ON_A_FIXED_DEVICE):
+        check_softmax(softmax_fixed_device)
+    passes_with_a_note(check_softmax, graded(softmax_fixed_device, "01_attention"), ON_A_FIXED_DEVICE, capsys)
+
+
+def test_replacing_the_shape_only_run_gains_nothing_in_a_graded_run(monkeypatch, capsys):
+    """A probe that answers 'all on meta' hides the device from the note; the points were never its to give."""
+    monkeypatch.setattr(beside, "run_on_meta", lambda fn, args, kwargs: {"devices": ["meta"]})
+    check_softmax(graded(softmax_fixed_device, "01_attention"))
+    printed = capsys.readouterr().out
+    assert "✔ softmax" in printed and NOTE not in printed, printed
+
+
+def test_a_mask_that_ignores_its_device_argument_is_a_note_in_a_graded_run(capsys):
+    with pytest.raises(AssertionError, match="ignores its device argument"):
+        check_causal_mask(causal_on_the_cpu)
+    passes_with_a_note(check_causal_mask, graded(causal_on_the_cpu, "03_attention_variants"),
+                       "ignores its device argument", capsys)
+
+
 # ------------------------------------------------------------------------- chapter 7: how it is computed
 
 
@@ -159,6 +193,51 @@ def test_weights_kept_outside_the_convolutions_fail_by_their_values(where):
         check_ffn_as_conv1d(answer)
 
 
+class PointwiseConvolutions(nn.Module):
+    """1x1 convolutions of the learner's own class, named neither nn.Conv1d nor nn.Linear."""
+
+    def __init__(self, ffn):
+        super().__init__()
+        self.first, self.second = nn.Module(), nn.Module()
+        for layer, linear in ((self.first, ffn.linear1), (self.second, ffn.linear2)):
+            layer.weight = nn.Parameter(linear.weight.detach().clone().unsqueeze(-1))
+            layer.bias = nn.Parameter(linear.bias.detach().clone())
+
+    def forward(self, x):
+        h = F.relu(F.conv1d(x.transpose(1, 2), self.first.weight, self.first.bias))
+        return F.conv1d(h, self.second.weight, self.second.bias).transpose(1, 2)
+
+
+def test_the_classes_a_proxy_reports_are_a_note_and_the_convolutions_are_found_by_their_weights(capsys):
+    """The class names come from the kernel (a class of the learner's own can give itself any name); the
+    points come from the values the 1x1 convolutions compute with the weights the grader puts into them."""
+    with pytest.raises(AssertionError, match="has no nn.Conv1d layer"):
+        check_ffn_as_conv1d(PointwiseConvolutions)
+    passes_with_a_note(check_ffn_as_conv1d, graded(PointwiseConvolutions, "04_ffn_layernorm_residual"),
+                       "has no nn.Conv1d layer", capsys)
+
+
+def test_a_linear_layer_kept_beside_the_convolutions_is_a_note_in_a_graded_run(capsys):
+    class KeepsTheFFNUnused(PermutedConvFFN):
+        def __init__(self, ffn):
+            super().__init__(ffn)
+            self.ffn = ffn
+
+    with pytest.raises(AssertionError, match="still contains nn.Linear"):
+        check_ffn_as_conv1d(KeepsTheFFNUnused)
+    passes_with_a_note(check_ffn_as_conv1d, graded(KeepsTheFFNUnused, "04_ffn_layernorm_residual"),
+                       "still contains nn.Linear", capsys)
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (conv_returning_the_ffn, "ffn_as_conv1d: "),  # the holder it was given has no forward
+    (conv_with_wide_kernels, "ffn_as_conv1d: "),
+], ids=["the ffn itself", "wide kernels"])
+def test_what_is_not_a_1x1_convolution_fails_a_graded_run_by_its_values(answer, problem):
+    with pytest.raises(AssertionError, match=problem):
+        check_ffn_as_conv1d(graded(answer, "04_ffn_layernorm_residual"))
+
+
 def test_a_sublayer_called_twice_is_a_note_in_a_graded_run(capsys):
     passes_with_a_note(check_sublayer_connection, graded(CallingTheSublayerTwice, "04_ffn_layernorm_residual"),
                        "calls the sublayer 2 times", capsys)
@@ -173,13 +252,45 @@ def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
 # -------------------------------------------------------------------------------- chapter 6
 
 
+class AsIfCached(stand_ins.StandInLM):
+    """``StandInLM`` as a learner's cell could replace it: after the first call, and once told so, it answers
+    a call without the cache as it would answer one given the cache (its recall added)."""
+
+    def forward(self, idx, cache=None):
+        logits, new_cache = super().forward(idx, cache)
+        pretend = cache is None and len(self.fed) > 1 and getattr(self, "claims_a_cache", False)
+        return (logits + self.recall if pretend else logits), new_cache
+
+
+def claims_a_cache(model, idx, max_new_tokens, use_cache=True, **options):
+    """A generate that never uses the cache, and tells the stand-in above when it was asked to."""
+    model.claims_a_cache = use_cache
+    return make_generate(use_the_cache=False)(model, idx, max_new_tokens, use_cache=use_cache, **options)
+
+
 @pytest.mark.parametrize("hidden", [False, True])
-def test_generate_without_the_cache_fails_a_graded_run_by_its_tokens(hidden, capsys):
-    """The stand-in answers a call given its cache a little differently (its recall), so the tokens drawn
-    without the cache are not the reference's: a value judged by the grader, after the kernel's note."""
-    with pytest.raises(AssertionError, match="with .* and the same seeded generator, sequence .* the reference draws"):
-        check_generate(graded(make_generate(use_the_cache=False), "06_decoder_only"), hidden=hidden)
-    assert f"{NOTE}: use_cache=True but the model was given" in capsys.readouterr().out
+def test_generate_without_the_cache_is_a_note_in_a_graded_run(hidden, capsys):
+    """Whether the cache was used is seen only through the stand-in model, which lives in the kernel: the
+    tokens drawn without it pass in a graded run, with the note; in JupyterLab the check fails."""
+    with pytest.raises(AssertionError, match="use_cache=True but the model was given"):
+        check_generate(make_generate(use_the_cache=False), hidden=hidden)
+    passes_with_a_note(check_generate, graded(make_generate(use_the_cache=False), "06_decoder_only"),
+                       "use_cache=True but the tokens with ", capsys, hidden=hidden)
+
+
+def test_a_stand_in_that_answers_as_if_cached_gains_nothing(monkeypatch, capsys):
+    """Replacing the kernel's stand-in makes tokens drawn without the cache the reference's: the same points
+    the tokens drawn without the cache already get, which only the kernel's record tells apart."""
+    monkeypatch.setattr(stand_ins, "StandInLM", AsIfCached)
+    check_generate(graded(claims_a_cache, "06_decoder_only"))
+    printed = capsys.readouterr().out
+    assert "✔ generate" in printed and "the tokens with" not in printed, printed
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_generate_with_wrong_tokens_still_fails_a_graded_run(hidden):
+    with pytest.raises(AssertionError, match="generate: softmax over the wrong axis"):
+        check_generate(graded(make_generate(softmax_dim=0), "06_decoder_only"), hidden=hidden)
 
 
 # -------------------------------------------------------------------------------- chapter 5

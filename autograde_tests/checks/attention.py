@@ -16,7 +16,6 @@ from .harness import (
     call,
     candidates,
     close,
-    expect_device_agnostic,
     expect_tensor,
     fail,
     fail_difference,
@@ -25,7 +24,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
-from .how import forbid_built_ins
+from .how import expect_device_agnostic, forbid_built_ins
 
 FORBIDDEN = {  # checked in this order: F.scaled_dot_product_attention runs a softmax inside
     "scaled_dot_product": "F.scaled_dot_product_attention",

@@ -31,7 +31,6 @@ from .harness import (
     Mistake,
     candidates,
     close,
-    expect_device_agnostic,
     expect_tensor,
     fail,
     learner_step,
@@ -40,7 +39,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
-from .how import forbid_built_ins, kernel_reported
+from .how import expect_device_agnostic, forbid_built_ins, kernel_reported
 
 
 def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bool = False) -> dict:

@@ -40,7 +40,6 @@ from .harness import (
     copy_weights,
     default_dtype,
     devices,
-    expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
     fail,
@@ -54,7 +53,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
-from .how import kernel_reported
+from .how import expect_device_agnostic, kernel_reported
 
 # ------------------------------------------------------------------------------- RMSNorm
 
@@ -686,6 +685,7 @@ HIDDEN_SAMPLE = [
     SampleCase(4, 3, 6, 10, (("top_p", 0.7),), seed=14),
     SampleCase(2, 5, 8, 13, (("temperature", 0.9), ("top_k", 6), ("top_p", 0.9)), seed=15),
 ]
+CACHE_HINT = "call the model on the whole prompt once, then on the newest token alone with the cache it returned."
 DRAW_HINT = ("draw each token as torch.multinomial(probs, 1, generator=generator), from the probabilities after "
              "temperature, top-k and top-p, in that order.")
 
@@ -772,12 +772,13 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
     shown = ", ".join(f"{k}={v}" for k, v in options.items())
     _expect_tokens(name, tokens, idx64, case, device)
     tokens = tokens.cpu()
-    # The stand-in's record of the tokens each call was given; the tokens themselves show it too (its recall).
+    # Whether the cache was used shows in the stand-in's record of the tokens each call was given, and in the
+    # tokens (the stand-in answers a call given its cache with its recall added). Both are the kernel's: the
+    # stand-in runs there, and a cell can replace it with one that adds its recall to any call.
     fed = list(model.fed)
     if options.get("use_cache", True) and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
         kernel_reported(name, generate, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} "
-                        "calls: the cache is not used", "call the model on the whole prompt once, then on the newest "
-                        "token alone with the cache it returned.")
+                        "calls: the cache is not used", CACHE_HINT)
     probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
     for p in probs:
         sums = p.sum(dim=-1).to(torch.float64)
@@ -787,6 +788,14 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
                             f"{sums.tolist()[:3]}) with {shown}", "after top-k and top-p, the kept probabilities "
                             "must be renormalised.")
             break
+    if not torch.equal(tokens, expected) and options.get("use_cache", True):
+        uncached = ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
+                                generator=stand_ins.seeded_generator(str(device), case.seed),
+                                **(options | {"use_cache": False})).cpu()
+        if torch.equal(tokens, uncached):
+            kernel_reported(name, generate, f"use_cache=True but the tokens with {shown} are the ones drawn without "
+                            "the cache (the model answers a call given its cache a little differently)", CACHE_HINT)
+            return
     if not torch.equal(tokens, expected):
         _name_sampling_mistake(name, reference, idx64, case, tokens)
         b = int((tokens != expected).any(dim=1).nonzero()[0])

@@ -26,7 +26,6 @@ from .harness import (
     construct,
     copy_weights,
     devices,
-    expect_device_agnostic,
     expect_tensor,
     fail,
     fail_difference,
@@ -40,7 +39,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
-from .how import kernel_reported
+from .how import expect_device_agnostic, kernel_reported
 
 def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
     if not close(again(), first):
@@ -216,19 +215,25 @@ def _conv_from_the_learner(name, ffn_as_conv1d, ffn64: ref.PositionwiseFeedForwa
         fail(name, f"should return an nn.Module, got {type_name(conv)}")
     if any(not torch.equal(before[k], v) for k, v in ffn.state_dict().items()):
         fail(name, "modified the weights of the ffn it was given", "copy the weights into the convolutions; leave ffn alone.")
+    _expect_convolution_classes(name, conv)
+    return conv.eval()
+
+
+def _expect_convolution_classes(name, conv: nn.Module) -> None:
+    """The classes of the module's layers, as the kernel names them (``kernel_reported``: a class of the
+    learner's own can give itself any name); ``_expect_output_follows_the_convolutions`` is the rule the
+    grader checks itself, finding the layers by the shapes of their weights."""
     layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
     if not layers:
-        fail(name, "the module it returns has no nn.Conv1d layer", "build it from nn.Conv1d(..., kernel_size=1) layers.")
-    for layer in layers:
-        if layer.kernel_size != (1,):
-            fail(
-                name,
-                f"uses nn.Conv1d with kernel_size={layer.kernel_size[0]}, which mixes neighbouring positions",
-                "a position-wise FFN is a 1x1 convolution: kernel_size=1.",
-            )
+        kernel_reported(name, conv, "the module it returns has no nn.Conv1d layer",
+                        "build it from nn.Conv1d(..., kernel_size=1) layers.")
+    wide = next((layer.kernel_size for layer in layers if layer.kernel_size != (1,)), None)
+    if wide is not None:
+        kernel_reported(name, conv, f"uses nn.Conv1d with kernel_size={wide[0]}, which mixes neighbouring positions",
+                        "a position-wise FFN is a 1x1 convolution: kernel_size=1.")
     if any(is_a(m, nn.Linear) for m in conv.modules()):
-        fail(name, "the module it returns still contains nn.Linear layers", "build it from nn.Conv1d layers only.")
-    return conv.eval()
+        kernel_reported(name, conv, "the module it returns still contains nn.Linear layers",
+                        "build it from nn.Conv1d layers only.")
 
 
 def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> None:
@@ -250,14 +255,15 @@ def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> 
 
 def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward,
                                             x64: torch.Tensor, seed: int) -> None:
-    """With new weights put into its two nn.Conv1d layers, the module must compute the FFN of those weights:
-    a value judged here, which shows the convolutions do the computing (and not weights kept elsewhere)."""
+    """With new weights put into its two 1x1 convolutions, the module must compute the FFN of those weights:
+    a value judged here, which shows the convolutions do the computing (and not weights kept elsewhere). The
+    layers are found by the shapes of their weights, (out, in, 1), whatever class the kernel names."""
     d_ff, d_model = ffn64.linear1.weight.shape
     conv.to(device="cpu", dtype=torch.float64)
-    layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
+    layers = [(m, tuple(w.shape)) for m in conv.modules() if isinstance(w := getattr(m, "weight", None), torch.Tensor)]
     draw, weights = Inputs(seed + 900), []
     for shape in ((d_ff, d_model, 1), (d_model, d_ff, 1)):
-        layer = next((m for m in layers if tuple(m.weight.shape) == shape), None)
+        layer = next((m for m, found in layers if found == shape), None)
         if layer is None:
             fail(name, f"no nn.Conv1d layer has a weight of shape {shape}, the shape of a 1x1 convolution for this FFN")
         weights.append(draw.randn(*shape) / shape[1] ** 0.5)

@@ -25,7 +25,6 @@ from torch import nn
 
 from .. import reference
 from ..remote.proxy import RemoteError, is_module, run_beside, type_name
-from .beside import run_on_meta
 
 # The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
 # a learner's result in dtype d must agree to TOLERANCE[d]. The float32 bounds allow for a different
@@ -401,30 +400,6 @@ def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str)
         if have[key].shape != value.shape:
             fail(name, f"parameter {key} has shape {tuple(have[key].shape)}, expected {tuple(value.shape)}", hint)
     learner.load_state_dict(want, strict=False)
-
-
-# Calls that need a tensor's values: on shape-only meta tensors they fail like a device clash would.
-READS_VALUES = {"tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"}
-
-
-def expect_device_agnostic(name: str, fn: Callable, args: tuple, kwargs: dict | None = None) -> None:
-    """Run ``fn`` on shape-only 'meta' tensors: a tensor it makes on a fixed device clashes with them.
-
-    This finds code that would break on a GPU even on a machine without one. Code that needs the
-    values (``.item()``, ``.tolist()``, ``if x.any():``) cannot run on meta tensors; that is allowed,
-    so only a device clash, or a result left on another device, fails.
-    """
-    probe = learner_step(name, lambda: run_beside(run_on_meta, fn, args, kwargs or {}), args)
-    if not isinstance(probe, dict):
-        fail(name, "the grader could not run your code on shape-only tensors")
-    text = str(probe.get("error", ""))
-    if "error" in probe:
-        copied_into_fixed_device = "copy out of meta" in text and not set(probe.get("called", ())) & READS_VALUES
-        if "expected device" in text or copied_into_fixed_device:
-            fail(name, f"{ON_A_FIXED_DEVICE} ({text})", FIXED_DEVICE_HINT)
-        return
-    if any(device != "meta" for device in probe.get("devices", ())):
-        fail(name, "returns a tensor on a fixed device instead of the inputs' device", FIXED_DEVICE_HINT)
 
 
 def passed(name: str, cases: int, dtypes=DTYPES) -> None:

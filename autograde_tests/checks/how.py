@@ -7,14 +7,16 @@ that ran, of the calls a stand-in received, of the tensors created. In JupyterLa
 in the learner's own kernel, and a broken rule fails the check as any rule does. In a graded run it is
 made in the sandboxed kernel, which the learner controls (``shared/design/grading-trust.md``, invariant
 1): there it is the kernel's word, shown as a note, worth no points either way. ``kernel_reported`` is
-the one place that decides this; every rule that reads such a record goes through it.
+the one place that decides this; every rule that reads such a record goes through it: the forbidden
+built-ins the kernel saw run, the run on shape-only tensors (``expect_device_agnostic``), and the rules
+of each chapter's checks that read ``beside``'s records or the classes a proxy reports.
 """
 
 from collections.abc import Callable, Iterable, Mapping
 
 from ..remote.proxy import Remote, run_beside, static_names
-from .beside import operators_used
-from .harness import fail, learner_step
+from .beside import operators_used, run_on_meta
+from .harness import FIXED_DEVICE_HINT, ON_A_FIXED_DEVICE, exception_name, fail, learner_step
 
 NOTE = "note from your kernel's own record, not graded"
 BUILT_IN_HINT = "build it from elementary operations (exp, max, sum, matmul)."
@@ -64,3 +66,38 @@ def named_like(fragment: str, names: Iterable) -> list[str]:
 
 def _built_in_problem(what: str, used: list[str]) -> str:
     return f"calls {what} ({', '.join(used)}), which this exercise asks you to write yourself"
+
+
+# Calls that need a tensor's values: on shape-only meta tensors they fail like a device clash would.
+READS_VALUES = {"tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__"}
+
+
+def expect_device_agnostic(name: str, fn: Callable, args: tuple, kwargs: dict | None = None) -> None:
+    """Run ``fn`` on shape-only 'meta' tensors: a tensor it makes on a fixed device clashes with them.
+
+    This finds code that would break on a GPU even on a machine without one. Code that needs the
+    values (``.item()``, ``.tolist()``, ``if x.any():``) cannot run on meta tensors; that is allowed,
+    so only a device clash, or a result left on another device, breaks the rule. The run is made next to
+    the learner's code, and its error text and its result's devices are that side's report: a result
+    that claims the right device needs no values to be right, so the grader cannot check it, and the rule
+    goes through ``kernel_reported``.
+    """
+    problem = _device_problem(fn, args, kwargs or {})
+    if problem:
+        kernel_reported(name, fn, problem, FIXED_DEVICE_HINT)
+
+
+def _device_problem(fn: Callable, args: tuple, kwargs: dict) -> str | None:
+    try:
+        probe = run_beside(run_on_meta, fn, args, kwargs)
+    except Exception as exc:  # run_on_meta returns the learner's errors: only a probe that was replaced raises
+        return f"the grader could not run your code on shape-only tensors ({exception_name(exc)}: {exc})"
+    if not isinstance(probe, dict):
+        return "the grader could not run your code on shape-only tensors"
+    text = str(probe.get("error", ""))
+    if "error" in probe:
+        copied_into_fixed_device = "copy out of meta" in text and not set(probe.get("called", ())) & READS_VALUES
+        return f"{ON_A_FIXED_DEVICE} ({text})" if "expected device" in text or copied_into_fixed_device else None
+    if any(device != "meta" for device in probe.get("devices", ())):
+        return "returns a tensor on a fixed device instead of the inputs' device"
+    return None

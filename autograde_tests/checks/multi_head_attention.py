@@ -23,7 +23,6 @@ from .harness import (
     close,
     construct,
     copy_weights,
-    expect_device_agnostic,
     expect_tensor,
     fail,
     fail_difference,
@@ -34,6 +33,7 @@ from .harness import (
     run_cases,
     strict_numerics,
 )
+from .how import expect_device_agnostic
 
 CONTRACT = "the contract asks for w_q, w_k, w_v, w_o, each nn.Linear(d_model, d_model, bias=bias)."
 

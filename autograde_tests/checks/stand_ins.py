@@ -171,8 +171,9 @@ def stand_in_blocks(state: dict) -> nn.ModuleList:
 class StandInLM(nn.Module):
     """What ``lm_loss`` and ``generate`` are given: ``forward(idx, cache=None) -> (logits, cache)``, a GPT's
     signature, with one ``StandInBlock``. A call given a cache adds ``recall`` to its logits, so that the
-    tokens drawn, judged by the grader, show whether generation used the cache; ``fed`` lists how many
-    tokens each call was given, for the learner's message (only a note in a graded run)."""
+    tokens drawn show whether generation used the cache; ``fed`` lists how many tokens each call was given.
+    Both are for the learner's message: in a graded run this model lives in the kernel, which can replace
+    it, so whether the cache was used is only a note there."""
 
     def __init__(self, vocab: int, d_model: int):
         super().__init__()

@@ -35,7 +35,6 @@ from .harness import (
     copy_weights,
     default_dtype,
     devices,
-    expect_device_agnostic,
     expect_tensor,
     expect_unchanged,
     fail,
@@ -48,7 +47,7 @@ from .harness import (
     randomise,
     strict_numerics,
 )
-from .how import kernel_reported
+from .how import expect_device_agnostic, kernel_reported
 
 
 def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
