@@ -2,14 +2,19 @@
 started here with Dask's own ``dask scheduler`` and ``dask worker`` commands, on 127.0.0.1. The scores
 are the local run's; a worker killed mid-task costs no grade; a submission whose grading kills every
 worker it meets ends as needs-attention and the batch goes on; a coordinator interrupted and run again
-grades only what is missing."""
+grades only what is missing. The grader's own faults are nobody's score: a worker without the course's
+grader (or nbgrader, or with another version of the course package), every worker gone, the scheduler
+lost stop the batch with one line and status 1, the earlier grades and files as they were; a worker
+whose sandbox cannot start makes each submission need attention, its earlier grade kept."""
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -21,11 +26,17 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from autograde_tests import course, nbgrader_course
 
 from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
-from .test_grading_class import grade, outcomes
+from .test_grading_class import LIMITS, grade, outcomes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
 BIN = Path(sys.executable).parent
+# A worker started from an environment that lacks part of the course's: Python without its site hook (so
+# without the environment's editable install of the course package), the packages given on PYTHONPATH.
+BARE = [sys.executable, "-S", "-m", "distributed.cli.dask_worker"]
+SITE = Path(sysconfig.get_paths()["purelib"])
+STOPPED = "python -m autograde_tests.grading: stopped: {} ({} of {} submissions done before it are kept; " \
+          "run again to grade the rest)"
 ANSWERS = [solved, wrong, solved, lambda r: solved(r, softmax=WRONG_SOFTMAX), solved, wrong]
 
 
@@ -48,20 +59,25 @@ def scores(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def local_scores(small_class, tmp_path_factory) -> dict:
+def local_graded(small_class, tmp_path_factory) -> Path:
+    """The class graded on this machine (copy it before grading it again)."""
     root = copy_of(small_class, tmp_path_factory.mktemp("local"))
     run = grade(root)
     assert run.returncode == 0, run.stderr[-3000:]
-    found = scores(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def local_scores(local_graded) -> dict:
+    found = scores(local_graded)
     assert found[f"student0/{CHAPTER}"] == ("graded", 6) and found[f"student1/{CHAPTER}"][1] < 6
     return found
 
 
-@pytest.fixture(scope="module")
-def scheduler(tmp_path_factory):
-    """The address of a Dask scheduler with two grading workers, "left" and "right", each one process
-    with one thread under a nanny (which restarts it when it dies), as an instructor starts them."""
-    folder = tmp_path_factory.mktemp("dask")
+@contextlib.contextmanager
+def cluster(folder: Path, workers: dict[str, tuple[list, dict]]):
+    """The address of a Dask scheduler started in ``folder`` with ``workers``: for each name, the command
+    that starts it (its address appended) and its environment. All are stopped afterwards."""
     env = os.environ | {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     started = [subprocess.Popen([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                                  "--scheduler-file", folder / "scheduler.json"], env=env, cwd=folder,
@@ -70,12 +86,12 @@ def scheduler(tmp_path_factory):
         # Dask's client waits for the scheduler to write its file, and connects.
         with Client(scheduler_file=str(folder / "scheduler.json"), timeout=60) as client:
             address = client.scheduler.address
-        for name in ("left", "right"):
-            started.append(subprocess.Popen([BIN / "dask", "worker", address, "--name", name, "--nthreads", "1",
-                                             "--host", "127.0.0.1", "--no-dashboard"], env=env, cwd=folder,
+        for name, (command, extra) in workers.items():
+            started.append(subprocess.Popen([*command, address, "--name", name, "--nthreads", "1", "--host", "127.0.0.1",
+                                             "--no-dashboard"], env=env | extra, cwd=folder,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         with Client(address) as client:
-            client.wait_for_workers(2, timeout=120)
+            client.wait_for_workers(len(workers), timeout=120)
         yield address
     finally:
         for process in started:
@@ -87,13 +103,23 @@ def scheduler(tmp_path_factory):
                 process.kill()
 
 
-def killer(student: str, marker: Path | None) -> WorkerPlugin:
-    """For tests only: the worker that starts grading ``student`` dies as the task starts executing, every
-    time, or only once when ``marker`` is given (the file then records that it happened). Made in a
-    function so that Dask ships the class itself to the workers, which cannot import the tests."""
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """The address of a Dask scheduler with two grading workers, "left" and "right", each one process
+    with one thread under a nanny (which restarts it when it dies), as an instructor starts them."""
+    worker = ([BIN / "dask", "worker"], {})
+    with cluster(tmp_path_factory.mktemp("dask"), {"left": worker, "right": worker}) as address:
+        yield address
+
+
+def killer(part: str, marker: Path | None) -> WorkerPlugin:
+    """For tests only: the worker that starts a task whose key names ``part`` (a student, or the chapter
+    for any) dies as the task starts executing, every time, or only once when ``marker`` is given (the
+    file then records that it happened). Made in a function so that Dask ships the class itself to the
+    workers, which cannot import the tests."""
     class Kill(WorkerPlugin):
         def transition(self, key, start, finish, **kwargs):
-            if finish == "executing" and f"-{student}-" in str(key) and not (marker and marker.exists()):
+            if finish == "executing" and f"-{part}-" in str(key) and not (marker and marker.exists()):
                 if marker:
                     marker.touch()
                 os._exit(1)
@@ -161,7 +187,7 @@ def graded_so_far(coordinator: subprocess.Popen, count: int) -> None:
 
 def test_an_interrupted_batch_grades_only_what_is_missing(small_class, local_scores, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once two pairs are graded;
-    nothing it started survives; the next run grades the rest."""
+    nothing it started survives; the next run grades the rest, though it loses a worker on the way."""
     root = copy_of(small_class, tmp_path)
     command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1"]
     coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -173,7 +199,148 @@ def test_an_interrupted_batch_grades_only_what_is_missing(small_class, local_sco
     assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     done = len(outcomes(root))
     assert 2 <= done < len(ANSWERS)
-    run = grade(root)
+    # The next run loses a grading worker as it starts its first task: its nanny starts another, and Dask
+    # runs the task again.
+    marker = tmp_path / "killed"
+    (tmp_path / "kill_once.py").write_text(KILL_ONCE.format(marker=str(marker)))
+    run = subprocess.run([*command[:-2], *LIMITS], capture_output=True, text=True,
+                         env=os.environ | {"DASK_DISTRIBUTED__WORKER__PRELOAD": repr([str(tmp_path / "kill_once.py")])})
     assert run.returncode == 0, run.stderr[-3000:]
+    assert marker.exists(), "no worker was killed"
     assert f"{len(ANSWERS) - done} graded, {done} unchanged, 0 need attention" in run.stdout
     assert scores(root) == local_scores
+
+
+# A preload of Dask's, for the local workers of one run: the first worker to start a task dies.
+KILL_ONCE = """
+import os
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+
+class KillOnce(WorkerPlugin):
+    def transition(self, key, start, finish, **kwargs):
+        if finish == "executing" and not os.path.exists({marker!r}):
+            open({marker!r}, "x").close()
+            os._exit(1)
+
+
+async def dask_setup(worker):
+    await worker.plugin_add(KillOnce(), name="kill-once")
+"""
+
+
+def snapshot(root: Path) -> tuple:
+    """What a run the grader's fault stopped leaves as it was: the record of what was graded, the
+    gradebook's scores, autograded/ and feedback/."""
+    with nbgrader_course.gradebook(root) as book:
+        grades = sorted((s.student.id, s.score) for s in book.assignment_submissions(CHAPTER))
+    kept = {path.relative_to(root): path.read_bytes() for folder in ("autograded", "feedback")
+            for path in (root / folder).rglob("*") if path.is_file()}
+    return (root / ".grading" / "state.json").read_bytes(), grades, kept
+
+
+def stopped(run: subprocess.CompletedProcess) -> str:
+    """The one line a stopped batch ends with, status 1; no traceback anywhere before it."""
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    return run.stderr.strip().splitlines()[-1]
+
+
+def links_without_nbgrader(folder: Path) -> Path:
+    """A folder of links to each of the environment's packages but nbgrader."""
+    folder.mkdir()
+    for entry in SITE.iterdir():
+        if not entry.name.startswith("nbgrader"):
+            (folder / entry.name).symlink_to(entry)
+    return folder
+
+
+def another_version(folder: Path) -> Path:
+    """A clone of the course package with one line more in the grader."""
+    shutil.copytree(REPO / "autograde_tests", folder / "autograde_tests", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(folder / "autograde_tests" / "grading" / "worker.py", "a") as source:
+        source.write("# another version\n")
+    return folder
+
+
+@pytest.mark.parametrize("environment, reason", [
+    (lambda tmp: str(SITE),
+     "cannot import the course's grader (No module named 'autograde_tests'): install the course's environment there"),
+    (lambda tmp: f"{REPO}{os.pathsep}{links_without_nbgrader(tmp / 'site')}",
+     "cannot import the course's grader (No module named 'nbgrader'): install the course's environment there"),
+    (lambda tmp: f"{another_version(tmp / 'clone')}{os.pathsep}{SITE}",
+     "has another version of the course package than this coordinator ({tmp}/clone/autograde_tests): "
+     "update it there and restart the worker"),
+], ids=["without-the-course-package", "without-nbgrader", "another-version"])
+def test_a_worker_without_the_courses_grader_stops_the_batch_in_one_line(local_graded, tmp_path, environment, reason):
+    """Grading again (--force) on a worker started from another environment: one line names the worker and
+    what it lacks; every earlier grade, file and record stays as it was."""
+    root = copy_of(local_graded, tmp_path)
+    before = snapshot(root)
+    with cluster(tmp_path, {"bare": (BARE, {"PYTHONPATH": environment(tmp_path)})}) as address:
+        with Client(address) as client:
+            (worker,) = client.scheduler_info()["workers"]
+        run = grade(root, "--force", "--scheduler", address)
+    where = f"the grading worker bare at {worker}"
+    assert stopped(run) == STOPPED.format(f"{where} {reason.format(tmp=tmp_path)}", 0, len(ANSWERS))
+    assert snapshot(root) == before
+
+
+def test_when_every_worker_is_gone_the_batch_stops_in_one_line(local_graded, tmp_path):
+    """The only worker, with no nanny to start another, dies as it starts its first task."""
+    root = copy_of(local_graded, tmp_path)
+    before = snapshot(root)
+    with cluster(tmp_path, {"alone": ([BIN / "dask", "worker", "--no-nanny"], {})}) as address:
+        with Client(address) as client:
+            client.register_plugin(killer(CHAPTER, None), name="kill")
+        run = grade(root, "--force", "--scheduler", address, "--wait-for-workers", "5")
+    reason = f"no grading worker has been connected to the Dask scheduler at {address} for 5 s"
+    assert stopped(run) == STOPPED.format(reason, 0, len(ANSWERS))
+    assert snapshot(root) == before
+
+
+def scheduler_killer(pid: int) -> WorkerPlugin:
+    """For tests only: the worker that starts a task kills the scheduler (``pid``), then itself."""
+    class KillScheduler(WorkerPlugin):
+        def transition(self, key, start, finish, **kwargs):
+            if finish == "executing":
+                os.kill(pid, signal.SIGKILL)
+                os._exit(1)
+    return KillScheduler()
+
+
+def test_a_lost_scheduler_stops_the_batch_in_one_line(local_graded, tmp_path):
+    root = copy_of(local_graded, tmp_path)
+    before = snapshot(root)
+    with cluster(tmp_path, {"alone": ([BIN / "dask", "worker", "--no-nanny"], {})}) as address:
+        with Client(address) as client:
+            client.register_plugin(scheduler_killer(client.run_on_scheduler(os.getpid)), name="kill")
+        run = grade(root, "--force", "--scheduler", address)
+    assert stopped(run) == STOPPED.format(f"lost the Dask scheduler at {address}", 0, len(ANSWERS))
+    assert snapshot(root) == before
+
+
+def test_a_worker_whose_sandbox_cannot_start_makes_each_submission_need_attention(local_graded, tmp_path):
+    """A grading node whose bubblewrap cannot start a sandbox (the coordinator's can): every kernel fails
+    the grader's probe, and each submission needs attention as the grader's fault, never a 0; its earlier
+    grade and files stay, and its record says what a rerun must grade again."""
+    root = copy_of(local_graded, tmp_path)
+    for n in range(2, len(ANSWERS)):  # two submissions say it
+        shutil.rmtree(root / "submitted" / f"student{n}")
+    _, grades, kept = snapshot(root)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (tmp_path / "bin" / "bwrap").chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}"}
+    with cluster(tmp_path, {"unsandboxed": ([BIN / "dask", "worker"], env)}) as address:
+        run = grade(root, "--force", "--scheduler", address)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reason = ("not graded: the grader's fault, not the submission's: the sandboxed kernel did not start "
+              "(its launcher exited with status 1)")
+    for student in ("student0", "student1"):
+        assert f"needs attention  {student} / {CHAPTER}: {reason}" in run.stdout
+        assert (outcomes(root)[f"{student}/{CHAPTER}"]["status"], outcomes(root)[f"{student}/{CHAPTER}"]["reason"]) == \
+            ("needs-attention", reason)
+    assert "0 graded, 0 unchanged, 2 need attention" in run.stdout
+    assert snapshot(root)[1:] == (grades, kept)

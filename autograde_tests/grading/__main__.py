@@ -3,7 +3,8 @@
 Reads submissions from submitted/<student>/<chapter>/ (or, with --zip-collect, from an LMS download
 in downloaded/<chapter>/archive/ through ``nbgrader zip_collect``), grades every pair in isolation and
 in parallel (on this machine, or on the workers of a Dask scheduler), and writes the gradebook,
-autograded/, feedback/, grades.csv and reports/class_report.md.
+autograded/, feedback/, grades.csv and reports/class_report.md. A fault of the grader's own stops it
+with one line on stderr and status 1 (what was graded before it is kept).
 """
 
 import argparse
@@ -14,7 +15,9 @@ from pathlib import Path
 
 from .. import course as nbcourse
 from .. import exchange, nbgrader_course
-from . import batch, bubblewrap, report
+from . import batch, bubblewrap, cluster, report
+
+PROG = "python -m autograde_tests.grading"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,12 +27,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse(argv=None) -> batch.Settings:
-    parser = _Parser(prog="python -m autograde_tests.grading", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd(), help="the course folder (default: here)")
     parser.add_argument("--chapter", action="append", help="a chapter to grade (repeatable; default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(),
                         help="grading workers on this machine, each grading one submission at a time (default: cores)")
     parser.add_argument("--scheduler", help="a Dask scheduler's address (tcp://HOST:8786): grade on its workers instead")
+    parser.add_argument("--wait-for-workers", type=float, default=300, metavar="SECONDS",
+                        help="how long no grading worker may be connected before the batch stops (default: 300)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds for one submission (default: 600)")
     parser.add_argument("--cell-timeout", type=int, default=120, help="seconds for one cell (default: 120)")
     parser.add_argument("--memory", type=float, default=4.0, help="GiB of memory for one kernel (default: 4)")
@@ -47,8 +52,8 @@ def parse(argv=None) -> batch.Settings:
     unknown = [c for c in args.chapter or [] if c not in known]
     if unknown:
         parser.error(f"unknown chapter {unknown[0]!r} (chapters: {', '.join(known)})")
-    if args.jobs < 1 or args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0:
-        parser.error("--jobs, --timeout, --cell-timeout and --memory must be positive")
+    if args.jobs < 1 or args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0 or args.wait_for_workers <= 0:
+        parser.error("--jobs, --timeout, --cell-timeout, --memory and --wait-for-workers must be positive")
     released = _released(parser, course, known)
     for chapter in args.chapter or []:
         if chapter not in released:
@@ -64,7 +69,7 @@ def parse(argv=None) -> batch.Settings:
         _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
                           args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
-                          refused=tuple(refused), zip_collected=tuple(collected))
+                          refused=tuple(refused), zip_collected=tuple(collected), worker_patience=args.wait_for_workers)
 
 
 def _expect_bubblewrap(parser) -> None:
@@ -104,7 +109,10 @@ def _zip_collect(parser, course: Path, chapters: list[str]) -> list[batch.Refuse
 
 def main(argv=None) -> None:
     settings = parse(argv)
-    outcomes = batch.grade_class(settings)
+    try:
+        outcomes = batch.grade_class(settings)
+    except cluster.Stopped as exc:
+        sys.exit(f"{PROG}: stopped: {exc}")
     csv = report.export_grades(settings.course)
     state = batch.load_state(settings.course)
     summary = report.write_report(settings.course, state, settings.sandbox)

@@ -11,26 +11,25 @@ the course: a pair that was graded is merged into the gradebook, ``autograded/``
 result arrives, and the record of what was graded is saved with it, so a batch cut short and run again
 grades only what is missing, and a failed regrade leaves the earlier grade as it was. A worker that dies
 mid-task has its task run again elsewhere by Dask; a submission that kills workers again and again ends
-as needs-attention. A pair whose notebook has not changed since it was graded is skipped.
+as needs-attention. A fault of the grader's own (``cluster``: a worker without the course's grader or
+with another version of it, a task that raised, the scheduler lost, no worker left) stops the batch with
+``cluster.Stopped``: never anyone's score, and nothing of the pairs not yet merged is written.
+A pair whose notebook has not changed since it was graded is skipped.
 """
 
-import contextlib
 import json
 import os
 import shutil
-import sys
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import nbformat
-from distributed import Client, KilledWorker, LocalCluster, as_completed
 from tqdm import tqdm
 
 from .. import exchange, nbgrader_course
-from . import files, submissions, worker
+from . import cluster, files, submissions, worker
 from .advisories import advisories
 
 WORK = ".grading"
@@ -53,6 +52,7 @@ class Settings:
     scheduler: str | None = None  # a Dask scheduler's address; None: a local cluster of ``jobs`` workers
     refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
     zip_collected: tuple[str, ...] = ()  # the chapters whose uploads zip collection judged in this run
+    worker_patience: float = 300  # seconds with no grading worker connected before the batch stops
 
 
 @dataclass
@@ -142,22 +142,36 @@ def grade_class(settings: Settings) -> list[Outcome]:
         prepared = _prepare(pair, settings, state)
         (outcomes.append(prepared) if isinstance(prepared, Outcome) else tasks.append((pair, *prepared)))
     outcomes += [Outcome(student, chapter, "needs-attention", reason) for (student, chapter), reason in refused.items()]
-    if tasks:
-        with _workers(settings) as client:
-            # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any
-            # other batch's on a shared scheduler (Dask would hand both the same result).
-            running = {client.submit(worker.grade, job, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
-                       (pair, outcome, carried) for pair, job, outcome, carried in tasks}
-            for done in tqdm(as_completed(running), total=len(running), desc="grading", unit="submission"):
-                pair, outcome, carried = running[done]
-                outcomes.append(_merge(course, pair, outcome, _result(done), carried))
-                state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
-                _save_state(work, state)
-    for outcome in outcomes:
+    for outcome in outcomes:  # judged here, before any grading: kept even if the batch stops
         if outcome.status == "needs-attention":
             state[f"{outcome.student}/{outcome.chapter}"] = asdict(outcome)
     _save_state(work, state)
+    if tasks:
+        done = 0
+        try:
+            with cluster.workers(settings.scheduler, settings.jobs) as client:
+                running = _submit(client, tasks)
+                with tqdm(total=len(running), desc="grading", unit="submission") as progress:
+                    for future, result in cluster.finished(client, running, settings.worker_patience):
+                        pair, outcome, carried = running[future]
+                        outcomes.append(_merge(course, pair, outcome, result, carried))
+                        state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
+                        _save_state(work, state)
+                        done += 1
+                        progress.update()
+        except cluster.Stopped as exc:
+            raise cluster.Stopped(f"{exc} ({done} of {len(tasks)} submissions done before it are kept; "
+                                  "run again to grade the rest)") from None
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
+
+
+def _submit(client, tasks) -> dict:
+    """Each pair's job as a Dask task: its future, with what its result completes."""
+    shipped, digest = cluster.task(), cluster.package_digest()
+    # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any other
+    # batch's on a shared scheduler (Dask would hand both the same result).
+    return {client.submit(shipped, asdict(job), digest, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
+            (pair, outcome, carried) for pair, job, outcome, carried in tasks}
 
 
 def _refusals(refused) -> dict[tuple[str, str], str]:
@@ -174,29 +188,6 @@ def _forget_earlier_refusals(state: dict, chapters) -> None:
     for key, entry in list(state.items()):
         if entry["chapter"] in chapters and entry["student"].startswith(exchange.UPLOAD_LABEL):
             del state[key]
-
-
-@contextlib.contextmanager
-def _workers(settings: Settings) -> Iterator[Client]:
-    """A Dask client: of the scheduler named in the settings, or of a local cluster of ``jobs`` processes."""
-    if settings.scheduler:
-        with Client(settings.scheduler) as client:
-            yield client
-        return
-    # nbgrader runs `alembic` and the kernels from the course environment's bin/.
-    env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    with LocalCluster(n_workers=settings.jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=":0", env=env) as cluster, Client(cluster) as client:
-        yield client
-
-
-def _result(done) -> dict:
-    """A task's result; a task whose grading killed its workers (Dask gave up on it) needs attention."""
-    try:
-        return done.result()
-    except KilledWorker as exc:
-        return {"status": "needs-attention",
-                "reason": f"grading it killed the grading worker {exc.allowed_failures + 1} times (Dask gave up on it)"}
 
 
 def _save_state(work: Path, state: dict) -> None:
