@@ -1,14 +1,19 @@
-"""A class of chapter-1 submissions that try every way to cheat or break the grader, and honest ones
-written as learners write them, each with the outcome it must get.
+"""A class of submissions that try every way to cheat or break the grader, and honest ones written as
+learners write them, each with the outcome it must get.
 
 Chapter 01_attention is worth 6 points: test_softmax 2, test_scaled_dot_product_attention 4.
-An expected outcome is a score (int) or the start of a needs-attention reason (str). Every attack is
-made with wrong answers (worth 0 on their own), so any point it earns is a point stolen. Sources may
+An expected outcome is a score (int) or the start of a needs-attention reason (str). Every chapter-1 attack
+is made with wrong answers (worth 0 on their own), so any point it earns is a point stolen. Sources may
 name ``{COURSE}`` (the course folder) and ``{GRADER_PORT}`` (a port on the grader's loopback that serves
 correct answers): what a learner who knew the grader's machine would aim at.
+
+``LATER`` holds the attacks whose gain differs by chapter, on chapters 5, 6 and 7: each is that chapter's
+solved notebook with one exercise taken another way, so its score is the chapter's total less exactly
+that exercise's points, or the total where the attack must gain and lose nothing.
 """
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -141,10 +146,17 @@ def _kernelspec(release):
 @dataclass(frozen=True)
 class Case:
     student: str
-    make: Callable  # release notebook -> notebook, or bytes to write as the file
+    make: Callable  # chapter 1's release (a later chapter's solved notebook) -> notebook, or bytes for the file
     expected: int | str
     extra_files: tuple[str, ...] = ()
-    file_name: str = f"{CHAPTER}.ipynb"
+    file_name: str = ""  # the chapter's own notebook name when empty
+    chapter: str = CHAPTER
+    link: str = ""  # the notebook handed in is a symbolic link to this path of the course folder
+    bounded: bool = False  # what it tries is bounded by the submission's cgroup, where the grader can make one
+
+    @property
+    def notebook(self) -> str:
+        return self.file_name or f"{self.chapter}.ipynb"
 
 
 # The canary: graded in the same batch as every attack, it must keep exactly its own score.
@@ -321,3 +333,211 @@ DAMAGED = [
 ]
 
 CASES = [CANARY, *HOSTILE, *HONEST, *DAMAGED]
+
+
+# ------------------------------------------------------------------ chapters 5, 6 and 7: what each can gain
+
+TRANSFORMER, DECODER_ONLY, AT_SCALE = "05_transformer", "06_decoder_only", "07_attention_at_scale"
+POINTS = {TRANSFORMER: 20, DECODER_ONLY: 19, AT_SCALE: 9}
+# test_positional_encoding 2, test_encoder_layer 3, test_decoder_layer 4, test_transformer 5,
+# test_teacher_forcing_loss 3, test_greedy_decode 3; test_rms_norm 2, test_apply_rotary 3, test_decoder_block 5,
+# test_gpt 3, test_lm_loss 2, test_generate 4; test_online_softmax 3, test_tiled_attention 6.
+
+
+def replaced(grade_id: str, source: str) -> Callable:
+    """The solved notebook with the cell ``grade_id`` written as ``source``."""
+    return lambda notebook: answer(notebook, grade_id, source)
+
+
+def edited(grade_id: str, *changes: tuple[str, str]) -> Callable:
+    """The solved notebook with each (correct, other) text of the cell ``grade_id`` changed."""
+    def make(notebook):
+        cell = notebook.cells[cell_index(notebook, grade_id)]
+        for correct, other in changes:
+            assert correct in cell.source, (grade_id, correct)
+            cell.source = cell.source.replace(correct, other)
+        return notebook
+    return make
+
+
+def and_cell(source: str, make: Callable = lambda notebook: notebook, after: str | None = None) -> Callable:
+    """``make``'s notebook with a cell of the learner's own after the cell ``after``, or after every graded cell."""
+    def made(notebook):
+        notebook = make(notebook)
+        at = cell_index(notebook, after) + 1 if after else len(notebook.cells)
+        notebook.cells.insert(at, nbformat.v4.new_code_cell(source.strip()))
+        return notebook
+    return made
+
+
+def links_to_the_instructors(chapter: str) -> Case:
+    return Case(f"links_to_the_instructors_{chapter[:2]}", lambda notebook: notebook,
+                f"submitted/links_to_the_instructors_{chapter[:2]}/{chapter}/{chapter}.ipynb is a symbolic link (to ",
+                chapter=chapter, link=f"solutions/{chapter}/{chapter}.ipynb")
+
+
+# Eight children of 512 MiB each, 4 GiB together under the batch's 3 GiB. The kernel then exits: the rest of
+# the notebook would only add time, and the outcome is the OS's count of the processes it killed.
+MEMORY_IN_CHILDREN = '''
+import os, subprocess, sys
+hold = "x = b'1' * (512 << 20); print('held', flush=True); input()"
+children = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            for _ in range(8)]
+print("HELD", [child.stdout.readline().strip().decode() for child in children])
+os._exit(0)
+'''
+# After every graded cell: processes until a fork is refused, /dev/shm and the sockets folder filled until
+# they are full, then a MemoryError of the learner's own. None of it may change what the answers earned.
+SHM_NAME = f"class-test-{uuid.uuid4().hex}"
+FORKS_SHM_SOCKETS_AND_MEMORY_ERROR = f'''
+import errno, json, os, subprocess
+import ipykernel.connect
+children = []
+try:
+    while True:
+        children.append(subprocess.Popen(["sleep", "100000"]))
+except OSError as refused:
+    print(f"FORKS {{len(children)}} then {{type(refused).__name__}}")
+sockets = os.path.dirname(json.load(open(ipykernel.connect.get_connection_file()))["ip"])
+for folder in ("/dev/shm", sockets):
+    written = 0
+    try:
+        for n in range(64):  # 16 MiB files (each under the file-size limit), 1 GiB if nothing stops it
+            with open(f"{{folder}}/{SHM_NAME}-{{n}}", "wb") as f:
+                f.write(b"x" * (16 << 20))
+            written += 16 << 20
+    except OSError as e:
+        print(f"FULL {{folder}} {{errno.errorcode[e.errno]}} after {{written >> 20}} MiB")
+raise MemoryError("can't allocate memory: not enough memory (MemoryError)")
+'''
+
+
+def resource_cases(chapter: str) -> list[Case]:
+    short = chapter[:2]
+    return [Case(f"memory_in_eight_children_{short}", and_cell(MEMORY_IN_CHILDREN, after="imports"),
+                 "memory limit exceeded", chapter=chapter, bounded=True),
+            Case(f"forks_fills_shm_raises_memory_error_{short}", and_cell(FORKS_SHM_SOCKETS_AND_MEMORY_ERROR),
+                 POINTS[chapter], chapter=chapter, bounded=True)]
+
+
+# chapter 5: the reference and the checks' decoding are hidden; the kernel's training run is its own report
+GREEDY_BY_THE_CHECKS = '''
+@torch.no_grad()
+def greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
+    from autograde_tests.checks.transformer import _greedy  # the reference's decoding, its flags as they are
+    return _greedy(model, src, max_len, bos_id, eos_id, src_padding_mask)
+'''
+TRAINING_REPORTED_NOT_RUN = '''
+import autograde_tests.checks.stand_ins as s
+
+class Reported:
+    """A run that reports it reached a loss of 0 without taking a step."""
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def run(self, steps, stop):
+        return {"losses": [0.0], "unused": [], "done": True}
+
+s.Training = Reported
+'''
+# chapter 6: GPT's forward and generate handed to the checks' generators; generate that ignores the cache,
+# with the stand-in model patched to answer a call without the cache as if it had been given one
+GPT_BY_THE_CHECKS = '''
+class GPT(nn.Module):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers))
+        self.norm = RMSNorm(d_model, eps)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx, cache=None):
+        from autograde_tests.checks.decoder_only import _gpt  # the reference's forward, its flags as they are
+        return _gpt(self, idx, cache)
+'''
+GENERATE_BY_THE_CHECKS = '''
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, its flags as they are
+    return _sample(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+'''
+NO_CACHE = (("        if use_cache:\n            logits, cache = model(out if cache is None else out[:, -1:], cache)"
+             "  # only what it has not seen\n        else:\n            logits, _ = model(out)\n"),
+            "        logits, _ = model(out)\n")
+CACHE_CLAIMED = ("    out, cache = idx, None\n", "    out, cache = idx, None\n    model.claims_a_cache = use_cache\n")
+STAND_IN_ANSWERS_AS_IF_CACHED = '''
+import autograde_tests.checks.stand_ins as s
+_forward = s.StandInLM.forward
+
+def forward(self, idx, cache=None):
+    """After the first call, what a call given the cache would return, whether it was given one or not."""
+    logits, new_cache = _forward(self, idx, cache)
+    if cache is None and len(self.fed) > 1 and getattr(self, "claims_a_cache", False):
+        logits = logits + self.recall
+    return logits, new_cache
+
+s.StandInLM.forward = forward
+'''
+# chapter 7: the checks' tiling and online softmax; positions made on a fixed device, with the probe that
+# runs the code on shape-only tensors replaced; two passes over the chunks, with the watcher replaced
+TILED_BY_THE_CHECKS = '''
+def tiled_attention(q, k, v, block_q, block_k, causal=False):
+    from autograde_tests.checks.attention_at_scale import _tiled  # the reference's tiling, its flags as they are
+    return _tiled(q, k, v, block_q, block_k, causal)
+'''
+ONLINE_BY_THE_CHECKS = '''
+def online_softmax(chunks):
+    from autograde_tests.checks.attention_at_scale import _online
+    chunks = list(chunks)
+    m = torch.cat(chunks, dim=-1).amax(dim=-1, keepdim=True)
+    return m, _online(chunks, lambda m_old, m_new: torch.exp(m_old - m_new))
+'''
+ON_A_FIXED_DEVICE = (("torch.arange(i, i + rows, device=q.device)", "torch.arange(i, i + rows)"),
+                     ("torch.arange(j, j + s.size(-1), device=q.device)", "torch.arange(j, j + s.size(-1))"))
+META_PROBE_REPLACED = '''
+import autograde_tests.checks.beside as b
+b.run_on_meta = lambda fn, args, kwargs: {"devices": ["meta"]}
+'''
+TWO_PASSES = '''
+def online_softmax(chunks):
+    m = torch.stack([x.amax(dim=-1) for x in chunks], dim=-1).amax(dim=-1, keepdim=True)
+    return m, sum(torch.exp(x - m).sum(dim=-1, keepdim=True) for x in chunks)
+'''
+WATCHER_REPLACED = '''
+import autograde_tests.checks.beside as b
+_watched = b.watched
+b.watched = lambda *args, **kwargs: {**_watched(*args, **kwargs), "largest": None, "elements": 1, "reads": 1}
+'''
+
+LATER = [
+    Case("imports_the_reference_05", replaced("transformer", "from autograde_tests.reference import Transformer"),
+         20 - 5, chapter=TRANSFORMER),
+    Case("greedy_decode_by_the_checks_05", replaced("greedy_decode", GREEDY_BY_THE_CHECKS), 20 - 3,
+         chapter=TRANSFORMER),
+    Case("training_reported_not_run_05", and_cell(TRAINING_REPORTED_NOT_RUN, after="imports"), 20 - 5,
+         chapter=TRANSFORMER),
+    links_to_the_instructors(TRANSFORMER),
+    *resource_cases(TRANSFORMER),
+    Case("imports_the_reference_06", replaced("gpt", "from autograde_tests.reference import GPT"), 19 - 3,
+         chapter=DECODER_ONLY),
+    Case("gpt_by_the_checks_06", replaced("gpt", GPT_BY_THE_CHECKS), 19 - 3, chapter=DECODER_ONLY),
+    Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 19 - 4, chapter=DECODER_ONLY),
+    # whether generate uses the cache is only the kernel's to see: a note, so patching the stand-in gains nothing
+    Case("ignores_the_cache_06", edited("generate", NO_CACHE), 19, chapter=DECODER_ONLY),
+    Case("ignores_the_cache_stand_in_patched_06", and_cell(STAND_IN_ANSWERS_AS_IF_CACHED, edited(
+        "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 19, chapter=DECODER_ONLY),
+    links_to_the_instructors(DECODER_ONLY),
+    *resource_cases(DECODER_ONLY),
+    Case("imports_the_reference_07", replaced("tiled_attention", "from autograde_tests.reference import tiled_attention"),
+         9 - 6, chapter=AT_SCALE),
+    Case("tiled_attention_by_the_checks_07", replaced("tiled_attention", TILED_BY_THE_CHECKS), 9 - 6, chapter=AT_SCALE),
+    Case("online_softmax_by_the_checks_07", replaced("online_softmax", ONLINE_BY_THE_CHECKS), 9 - 3, chapter=AT_SCALE),
+    # a device written into the code is seen only on the kernel's shape-only run: a note, so hiding it gains nothing
+    Case("on_a_fixed_device_07", edited("tiled_attention", *ON_A_FIXED_DEVICE), 9, chapter=AT_SCALE),
+    Case("on_a_fixed_device_probe_replaced_07", and_cell(META_PROBE_REPLACED, edited(
+        "tiled_attention", *ON_A_FIXED_DEVICE), after="imports"), 9, chapter=AT_SCALE),
+    Case("two_passes_watcher_replaced_07", and_cell(WATCHER_REPLACED, replaced("online_softmax", TWO_PASSES),
+                                                     after="imports"), 9, chapter=AT_SCALE),
+    links_to_the_instructors(AT_SCALE),
+    *resource_cases(AT_SCALE),
+]
