@@ -26,7 +26,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from autograde_tests import course, nbgrader_course
 
 from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
-from .test_grading_class import LIMITS, grade, outcomes
+from .class_batch import LIMITS, grade, outcomes
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox

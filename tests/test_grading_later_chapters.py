@@ -1,0 +1,55 @@
+"""Chapters 5, 6 and 7's attacks (``adversarial.LATER``), graded in one batch through `python -m
+autograde_tests.grading`, kernels in bubblewrap: each gets its exact outcome, and what a submission tried
+against the machine stayed within the bounds the OS counted from outside."""
+
+from pathlib import Path
+
+import pytest
+
+from autograde_tests import course
+from autograde_tests.grading import cgroups
+
+from .adversarial import CHAPTER, LATER, SHM_NAME
+from .class_batch import MEMORY_GIB, expect_outcome, grade, outcomes, printed, submit, unbounded
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> Path:
+    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    for chapter in sorted({CHAPTER, *(case.chapter for case in LATER)}):  # chapter 1's release is where cases start
+        course.release(root, chapter)
+    submit(root, LATER, {b"{COURSE}": str(root).encode()})
+    run = grade(root)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return root
+
+
+@pytest.mark.parametrize("case", LATER, ids=lambda c: f"{c.student}/{c.chapter}")
+def test_an_attack_on_a_later_chapter_gets_its_outcome(graded, case):
+    if case.bounded and unbounded():
+        pytest.skip(unbounded())
+    expect_outcome(graded, case)
+
+
+@pytest.mark.parametrize("case", [c for c in LATER if c.bounded], ids=lambda c: f"{c.student}/{c.chapter}")
+def test_what_a_submission_tried_stayed_within_its_bounds_as_counted_from_outside(graded, case):
+    """The cgroup's own figures: peak processes and memory under the caps, the OS's refusals and kills;
+    /dev/shm and the sockets folder filled in the sandbox only, each a small tmpfs."""
+    if unbounded():
+        pytest.skip(unbounded())
+    used = outcomes(graded)[f"{case.student}/{case.chapter}"]["resources"]
+    assert used["peak_memory_bytes"] <= MEMORY_GIB * 2**30, used
+    assert used["peak_processes"] is None or used["peak_processes"] <= cgroups.PROCESSES, used
+    if case.expected == "memory limit exceeded":
+        assert used["oom_kills"] >= 1, used
+        return
+    assert used["refused_forks"] >= 1 and used["oom_kills"] == 0, used
+    shown = printed(graded, case.student, case.chapter).splitlines()
+    assert any(line.startswith("FORKS ") and line.endswith(" then BlockingIOError") for line in shown), shown
+    full = {words[1]: (words[2], int(words[4])) for words in (line.split() for line in shown if line.startswith("FULL "))}
+    (shm_error, shm_mib), sockets = full.pop("/dev/shm"), list(full.values())  # the sockets folder's is the other
+    assert shm_error == "ENOSPC" and shm_mib <= 64 and [(e, mib <= 1) for e, mib in sockets] == [("ENOSPC", True)], shown
+    assert list(Path("/dev/shm").glob(f"{SHM_NAME}*")) == []  # the host's /dev/shm never saw a byte of it
