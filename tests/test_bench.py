@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from autograde_tests.bench import kept_sections, pytest_summary
+
+pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke_run_writes_every_figure(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 from autograde_tests import course
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 CHAPTERS = course.chapters(REPO)
 
 
