@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor lab-instructor proxy hub test release grade bench train demo clean
+.PHONY: venv book book-instructor lab-instructor proxy a11y hub test release grade bench train demo clean
 
 venv: $(VENV)/.installed
 
@@ -43,15 +43,23 @@ $(HUB_PROXY): hub/package.json hub/package-lock.json
 	npm ci --prefix hub --no-audit --no-fund
 	touch $@
 
+## axe-core, which the accessibility test injects into every page of the book (pinned in a11y/package-lock.json).
+AXE := a11y/node_modules/axe-core/axe.min.js
+a11y: $(AXE)
+
+$(AXE): a11y/package.json a11y/package-lock.json
+	npm ci --prefix a11y --no-audit --no-fund
+	touch $@
+
 ## A local JupyterHub for the course: an instructor and learners, nbgrader's exchange; Ctrl-C stops it and
 ## removes everything it made. Run as root (it creates the accounts). Options in ARGS, e.g. ARGS="--port 8001".
 hub: venv proxy
 	$(BIN)/python -m autograde_tests.hub --proxy $(abspath $(HUB_PROXY)) $(ARGS)
 
 ## Run the whole test suite (both editions of the book are built first: their tests read the pages; the hub's
-## proxy is installed where npm is, and the hub's browser test is skipped where it is not). Test modules are
+## proxy and axe-core are installed where npm is, and the tests that need them are skipped where it is not). Test modules are
 ## spread over one worker per core; a module and its fixtures stay on one worker.
-test: book book-instructor $(if $(shell command -v npm),proxy)
+test: book book-instructor $(if $(shell command -v npm),proxy a11y)
 	$(BIN)/python -m pytest -n auto --dist loadscope
 
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
