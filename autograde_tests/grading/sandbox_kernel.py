@@ -97,6 +97,9 @@ def _environment(home: str) -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "PYTHONNOUSERSITE": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
+        # As nbgrader's own autograde kernels have it: a notebook's ungraded cell that checks it (an explore
+        # cell that trains) behaves under this grader as under nbgrader.
+        "NBGRADER_EXECUTION": "autograde",
     }
 
 

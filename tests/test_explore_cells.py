@@ -1,0 +1,78 @@
+"""The notebooks' ungraded explore cells that train keep their promises: switched on, each trains within the
+time its text promises ("under N seconds on one CPU core"), counted as the kernel's CPU time so that a busy
+machine does not count against it (the cell trains on one thread); and left on, it costs Validate and
+grading nothing: where NBGRADER_EXECUTION is set (nbgrader's validate and autograde set it, and so does the
+course's grader), it skips its training and says so."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograde_tests import course
+
+REPO = Path(__file__).resolve().parents[1]
+PROMISE = re.compile(r"under (\d+) seconds on one CPU core")
+SWITCH = "RUN = False"
+SKIPPED = "Not trained: Validate and grading skip this cell, which is not graded."
+
+
+def explore_cells() -> list[tuple[str, int]]:
+    """(chapter, index) of every solution notebook's code cell that trains behind the RUN switch."""
+    found = []
+    for chapter in course.chapters(REPO):
+        notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+        found += [(chapter, i) for i, cell in enumerate(notebook.cells)
+                  if cell.cell_type == "code" and any(line.startswith(SWITCH) for line in cell.source.splitlines())]
+    return found
+
+
+EXPLORE = explore_cells()
+
+
+def switched_on(chapter: str, index: int) -> tuple[nbformat.NotebookNode, int]:
+    """The solution notebook up to its explore cell, switched on, without the graded test cells (whose
+    time is the checks'), with the kernel's CPU seconds for the explore cell printed after it; and the
+    seconds its markdown promises."""
+    notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    promise = PROMISE.search(notebook.cells[index - 1].source)
+    assert promise, f"{chapter}: the text before cell {index} promises no time as 'under N seconds on one CPU core'"
+    explore = notebook.cells[index]
+    explore.source = explore.source.replace(SWITCH, "RUN = True")
+    kept = [c for c in notebook.cells[:index] if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("grade")]
+    notebook.cells = [*kept, nbformat.v4.new_code_cell("import time\n_started = time.process_time()"), explore,
+                      nbformat.v4.new_code_cell("print(time.process_time() - _started)")]
+    NotebookClient(notebook, kernel_name="python3", timeout=600,
+                   resources={"metadata": {"path": str(REPO / "solutions" / chapter)}}).execute()
+    return notebook, int(promise.group(1))
+
+
+def cpu_seconds(notebook: nbformat.NotebookNode) -> float:
+    return float(notebook.cells[-1].outputs[0].text)
+
+
+def printed(cell: nbformat.NotebookNode) -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream")
+
+
+def test_the_training_explore_cells_are_found():
+    assert {chapter for chapter, _ in EXPLORE} == {"05_transformer", "06_decoder_only"}, EXPLORE
+
+
+@pytest.mark.parametrize(("chapter", "index"), EXPLORE, ids=[chapter for chapter, _ in EXPLORE])
+def test_an_explore_cell_switched_on_trains_within_the_time_it_promises(chapter, index, monkeypatch):
+    monkeypatch.delenv("NBGRADER_EXECUTION", raising=False)
+    notebook, promised = switched_on(chapter, index)
+    assert "step 250" in printed(notebook.cells[-2]), printed(notebook.cells[-2])
+    assert cpu_seconds(notebook) < promised, f"{chapter}: {cpu_seconds(notebook):.1f} s, promised under {promised} s"
+
+
+@pytest.mark.parametrize("execution", ["validate", "autograde"])
+@pytest.mark.parametrize(("chapter", "index"), EXPLORE, ids=[chapter for chapter, _ in EXPLORE])
+def test_an_explore_cell_left_on_costs_validate_and_grading_no_time(chapter, index, execution, monkeypatch):
+    monkeypatch.setenv("NBGRADER_EXECUTION", execution)  # the kernel inherits it, as nbgrader's kernels do
+    notebook, _ = switched_on(chapter, index)
+    assert printed(notebook.cells[-2]) == SKIPPED + "\n"
+    assert cpu_seconds(notebook) < 0.5, cpu_seconds(notebook)
