@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -319,6 +320,19 @@ def test_a_lost_scheduler_stops_the_batch_in_one_line(local_graded, tmp_path):
         run = grade(root, "--force", "--scheduler", address)
     assert stopped(run) == STOPPED.format(f"lost the Dask scheduler at {address}", 0, len(ANSWERS))
     assert snapshot(root) == before
+
+
+def test_an_unreachable_scheduler_stops_the_batch_in_one_line(small_class, tmp_path):
+    root = copy_of(small_class, tmp_path)
+    with socket.socket() as bound:  # a port of this machine's that refuses connections: nothing listens
+        bound.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{bound.getsockname()[1]}"
+        run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS,
+                              "--scheduler", address], capture_output=True, text=True,
+                             env=os.environ | {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "2"})
+    reason = f"cannot reach the Dask scheduler at {address} (Timed out trying to connect to {address} after 2 s)"
+    assert stopped(run) == STOPPED.format(reason, 0, len(ANSWERS))
+    assert outcomes(root) == {} and not (root / "autograded").exists()
 
 
 def test_a_worker_whose_sandbox_cannot_start_makes_each_submission_need_attention(local_graded, tmp_path):

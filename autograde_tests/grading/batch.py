@@ -150,7 +150,7 @@ def grade_class(settings: Settings) -> list[Outcome]:
         done = 0
         try:
             with cluster.workers(settings.scheduler, settings.jobs) as client:
-                running = _submit(client, tasks)
+                running = _submit(client, tasks, cluster.package_digest() if settings.scheduler else None)
                 with tqdm(total=len(running), desc="grading", unit="submission") as progress:
                     for future, result in cluster.finished(client, running, settings.worker_patience):
                         pair, outcome, carried = running[future]
@@ -165,9 +165,9 @@ def grade_class(settings: Settings) -> list[Outcome]:
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
 
 
-def _submit(client, tasks) -> dict:
-    """Each pair's job as a Dask task: its future, with what its result completes."""
-    shipped, digest = cluster.task(), cluster.package_digest()
+def _submit(client, tasks, digest: str | None) -> dict:
+    """Each pair's job as a Dask task (``cluster.task``): its future, with what its result completes."""
+    shipped = cluster.task()
     # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any other
     # batch's on a shared scheduler (Dask would hand both the same result).
     return {client.submit(shipped, asdict(job), digest, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):

@@ -42,14 +42,15 @@ def package_digest() -> str:
 
 
 def task():
-    """The function a task runs on its worker: ``(job as a dict, the coordinator's package_digest())``.
+    """The function a task runs on its worker: ``(job as a dict, the coordinator's package_digest(), or
+    None where the workers are the coordinator's own processes, which import what it imported)``.
 
     It travels by value (Dask pickles a nested function whole), and so does the job: a function or a
     class sent by reference is imported as the worker reads the message, before any code of ours runs,
     and a worker without the course package then drops its connection without a word to the coordinator.
     This way the worker says why, as the task's error.
     """
-    def grade_there(job: dict, digest: str) -> dict:
+    def grade_there(job: dict, digest: str | None) -> dict:
         from distributed import get_worker
 
         here = get_worker()
@@ -63,7 +64,7 @@ def task():
                                "install the course's environment there") from None
         try:
             from autograde_tests.grading.cluster import package_digest
-            same = package_digest() == digest
+            same = digest is None or package_digest() == digest
         except ImportError:  # a version older than this check
             same = False
         if not same:
@@ -93,8 +94,10 @@ def workers(scheduler: str | None, jobs: int) -> Iterator[Client]:
         return
     # nbgrader runs `alembic` and the kernels from the course environment's bin/.
     env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
+    # Its workers share this terminal: the batch words their faults itself, so Dask's warnings (a failed
+    # task's traceback among them) stay out of it.
     with LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=":0", env=env) as cluster, Client(cluster) as client:
+                      dashboard_address=":0", env=env, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
 
@@ -154,7 +157,7 @@ def _cancelled(client: Client, exc: CancelledError) -> str:
 
 def _scheduler(client: Client) -> str:
     if isinstance(client.cluster, LocalCluster):
-        return "this machine's grading workers"
+        return "this machine's Dask cluster"
     return f"the Dask scheduler at {client.scheduler.address}"
 
 
