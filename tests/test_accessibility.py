@@ -70,20 +70,23 @@ CUT_OFF = """() => {
   const clips = el => ["hidden", "clip"].includes(style(el).overflowX);
   const name = el => el.tagName.toLowerCase() + (el.id ? "#" + el.id : "") +
     [...el.classList].slice(0, 2).map(c => "." + c).join("") + " «" + el.textContent.trim().slice(0, 50) + "»";
-  const held = el => { for (let a = el.parentElement; a && a !== column; a = a.parentElement)
-                         if (scrolls(a) || clips(a)) return true; return false; };
-  const overflows = el => el.scrollWidth > el.clientWidth + 1 && el.clientWidth > 1;
+  // MathJax's copy of each formula for screen readers is clipped to a pixel on purpose.
+  const shown = el => { const r = el.getBoundingClientRect(); return r.width >= 1 && r.height >= 1 &&
+                          style(el).visibility !== "hidden" && !el.closest("mjx-assistive-mml"); };
+  const held = (el, top = column) => { for (let a = el.parentElement; a && a !== top; a = a.parentElement)
+                                        if (scrolls(a) || clips(a)) return true; return false; };
+  const overflows = el => { const r = el.getBoundingClientRect();
+    return [...el.querySelectorAll("*")].filter(d => shown(d) && !held(d, el)).some(d => { const e = d.getBoundingClientRect();
+      return e.right > r.right + 2 || e.left < r.left - 2; }); };
   const cue = el => el.offsetHeight - el.clientHeight - parseFloat(style(el).borderTopWidth)
                       - parseFloat(style(el).borderBottomWidth) > 0 || style(el).backgroundImage !== "none";
   const found = [];
-  const visible = el => { const r = el.getBoundingClientRect(); return r.width > 1 && r.height > 1 &&
-                            style(el).visibility !== "hidden"; };
   for (const el of column.querySelectorAll("*")) {
-    if (!visible(el)) continue;
+    if (!shown(el)) continue;
     const r = el.getBoundingClientRect();
     if ((r.right > edge.right + 1 || r.left < edge.left - 1) && !held(el)) found.push("wider than the column: " + name(el));
-    else if (scrolls(el) && overflows(el) && !cue(el)) found.push("scrolls with no visible cue: " + name(el));
-    else if (clips(el) && overflows(el) && el.textContent.trim()) found.push("clips its content: " + name(el));
+    else if (scrolls(el) && !cue(el) && overflows(el)) found.push("scrolls with no visible cue: " + name(el));
+    else if (clips(el) && el.textContent.trim() && overflows(el)) found.push("clips its content: " + name(el));
   }
   if (document.documentElement.scrollWidth > innerWidth + 1)
     found.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px in ${innerWidth})`);
