@@ -36,7 +36,13 @@ CASES = [(edition, name) for edition, html in EDITIONS.items() for name in pages
 
 # The stored colour mode, as the theme's own button stores it: no "invalid theme mode" noise, light first.
 LIGHT_FIRST = "localStorage.setItem('mode', 'light'); localStorage.setItem('theme', 'light');"
-SET_THEME = "t => { document.documentElement.dataset.theme = t; document.documentElement.dataset.mode = t; }"
+# The theme's colours change with a transition: axe reads them once the switch has finished, not midway.
+SET_THEME = """async t => {
+  document.documentElement.dataset.theme = t;
+  document.documentElement.dataset.mode = t;
+  await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+  await Promise.all(document.getAnimations().filter(a => a instanceof CSSTransition).map(a => a.finished));
+}"""
 # label-content-name-mismatch is "experimental" in axe, off unless asked for; WCAG 2.5.3 asks for it.
 RUN_AXE = """async () => {
   const result = await axe.run(document, {resultTypes: ["violations"],
@@ -48,12 +54,13 @@ RUN_AXE = """async () => {
 IMAGES = """() => [...document.querySelectorAll("img")]
   .filter(i => i.getAttribute("role") !== "presentation")
   .map(i => ({src: i.getAttribute("src"), alt: i.getAttribute("alt")}))"""
-# Text nodes with Chinese characters whose nearest lang is not Chinese.
+# Text nodes with Chinese characters, as the page shows them, whose nearest lang is not Chinese. (The print-only
+# title Jupyter Book repeats in every page is plain text; it is not read out on screen.)
 CHINESE = """() => {
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   const wrong = [];
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-    if (!/[\\u3400-\\u9fff]/.test(node.data)) continue;
+    if (!/[\\u3400-\\u9fff]/.test(node.data) || !node.parentElement.checkVisibility()) continue;
     const lang = node.parentElement.closest("[lang]")?.getAttribute("lang") || "";
     if (!lang.startsWith("zh")) wrong.push(node.data.trim());
   }
