@@ -192,4 +192,5 @@ def test_nothing_is_cut_off(audit, edition, name):
 def test_both_editions_are_audited_whole():
     """The glossary, a chapter and a solved notebook are among the pages: the lists above are not empty."""
     names = {name for _, name in CASES}
-    assert {"glossary.html", "01_attention.html", "solutions/01_attention/01_attention.html"} <= names
+    assert {"glossary.html", "01_attention.html", "solutions/01_attention/01_attention.html"} <= names, \
+        "both editions must be built first: run `make book` and `make book-instructor`"
