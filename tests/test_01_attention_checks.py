@@ -318,7 +318,7 @@ def test_unrecognised_wrong_attention_shows_the_largest_error_and_where():
         output, weights = reference_attention(q, k, v, mask)
         return output + 0.01, weights
 
-    with pytest.raises(AssertionError, match=r"the output and the reference differ: largest error 0.01 at index \("):
+    with pytest.raises(AssertionError, match=r"the output and the reference differ:\n  largest error 0.01 at index \("):
         check_scaled_dot_product_attention(off_by_a_bit)
 
 

@@ -388,7 +388,7 @@ def test_unrecognised_wrong_mha_shows_the_largest_error_and_where():
             output, weights = super().forward(x, y, mask)
             return output + 0.01, weights
 
-    with pytest.raises(AssertionError, match=r"the output and the reference differ: largest error 0.01 at index \("):
+    with pytest.raises(AssertionError, match=r"the output and the reference differ:\n  largest error 0.01 at index \("):
         check_multi_head_attention(OffByABit)
 
 

@@ -522,7 +522,7 @@ def test_unrecognised_wrong_layer_norm_shows_the_largest_error_and_where(capsys)
         def forward(self, x):
             return super().forward(x) + 0.01
 
-    with pytest.raises(AssertionError, match=r"the output and the reference differ: largest error 0.01 at index \("):
+    with pytest.raises(AssertionError, match=r"the output and the reference differ:\n  largest error 0.01 at index \("):
         check_layer_norm(OffByABit)
     assert "✔" not in capsys.readouterr().out
 

@@ -37,6 +37,7 @@ from autograde_tests.checks import (  # noqa: F401  (looked up by name, so the l
     check_teacher_forcing_loss,
     check_transformer,
 )
+from autograde_tests.checks.harness import WIDTH, shown
 
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
 
@@ -128,6 +129,8 @@ def test_a_wrong_answer_fails_with_the_check_s_own_short_message(check_name, hid
         globals()[check_name](WRONG[check_name], hidden=hidden)
     message = str(failure.value)
     assert ": " in message.splitlines()[0] and len(message) < 1200, message
+    # As a notebook shows it: no line wider than the output area holds, so JupyterLab breaks no word.
+    assert all(len(line) <= WIDTH for line in shown(f"AssertionError: {message}")), shown(f"AssertionError: {message}")
 
 
 def test_a_wrong_causal_self_attention_with_b_t_and_n_all_different_fails_cleanly():

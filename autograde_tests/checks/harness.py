@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -152,7 +153,26 @@ class CheckFailed(AssertionError):
 
     def _render_traceback_(self) -> list[str]:
         lines = ["Traceback of your code (most recent call last):", *self.learner_frames] if self.learner_frames else []
-        return lines + f"AssertionError: {self}".splitlines()
+        return lines + shown(f"AssertionError: {self}")
+
+
+# JupyterLab's output area breaks a line that is too long at any character ("bef ore", "2.296 41"). 79 columns,
+# the width Python's own code keeps to, fit that area in a 1280 px window (the browser test measures it).
+WIDTH = 79
+
+
+def shown(message: str) -> list[str]:
+    """The lines a notebook shows of a check's ``message``: each of its lines (the problem, an indented case,
+    the hint) wrapped at spaces to ``WIDTH`` columns, a wrapped line's continuation indented under its text,
+    so the eye finds where each part begins. A word longer than a line is never split."""
+    lines = []
+    for line in message.splitlines():
+        text = line.lstrip(" ")
+        indent = " " * (len(line) - len(text))
+        under = indent + (" " * len("Hint: ") if text.startswith("Hint: ") else "    ")
+        lines += textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=under,
+                               break_long_words=False, break_on_hyphens=False) or [line]
+    return lines
 
 
 # Frames in these folders are the course's or a library's, not the learner's.
@@ -161,10 +181,22 @@ _NOT_THE_LEARNERS = tuple(sorted({str(Path(p).resolve()) for p in (sys.prefix, s
 
 
 def learner_frames(exc: BaseException) -> list[str]:
-    """The frames of ``exc``'s traceback that are in the learner's own code, formatted."""
+    """The frames of ``exc``'s traceback that are in the learner's own code, formatted as JupyterLab formats
+    its own: a frame in a notebook cell is ``Cell In[4], line 2`` (IPython's name for it), not the temporary
+    file the kernel compiled the cell to; a frame in a file is that file's."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not str(Path(f.filename).resolve()).startswith(_NOT_THE_LEARNERS)]
-    return "".join(traceback.format_list(frames)).rstrip("\n").splitlines()
+    return [line for frame in frames for line in _frame_lines(frame)]
+
+
+def _frame_lines(frame: traceback.FrameSummary) -> list[str]:
+    # IPython is looked up, not imported: the checks also run where there is no IPython (a grader, pytest).
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    cell = shell.compile.format_code_name(frame.filename) if shell is not None else None
+    where = f"{cell[0]} {cell[1]}" if cell else f'File "{frame.filename}"'
+    lines = [f"  {where}, line {frame.lineno}, in {frame.name}"]
+    return lines + ([f"    {frame.line.strip()}"] if frame.line else [])
 
 
 class ChangedInput(CheckFailed):
@@ -174,6 +206,11 @@ class ChangedInput(CheckFailed):
 
 def fail(name: str, problem: str, hint: str | None = None, frames: list[str] | None = None,
          verdict: type[CheckFailed] = CheckFailed) -> None:
+    if frames is None:
+        # A check that restates a failure it caught (a hint for a failed .view) keeps the frames of the
+        # learner's code that failure showed: they are where to look.
+        handled = sys.exc_info()[1]
+        frames = handled.learner_frames if isinstance(handled, CheckFailed) else None
     message = f"{name}: {problem}"
     if hint:
         message += f"\nHint: {hint}"
@@ -319,7 +356,7 @@ def fail_difference(name: str, what: str, actual: torch.Tensor, expected: torch.
             "compute in the dtype you return: a float32 step (a tensor made with the default dtype, .float(), "
             "a float32 buffer) loses what float64 keeps.",
         )
-    fail(name, f"{what} and {against} differ: {largest_error(actual, expected)}")
+    fail(name, f"{what} and {against} differ:\n  {largest_error(actual, expected)}")
 
 
 def largest_error(actual: torch.Tensor, expected: torch.Tensor, digits: int = 6) -> str:
