@@ -12,6 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograde_tests import course
+from autograde_tests.grading import sandbox_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 PROMISE = re.compile(r"under (\d+) seconds on one CPU core")
@@ -76,3 +77,9 @@ def test_an_explore_cell_left_on_costs_validate_and_grading_no_time(chapter, ind
     notebook, _ = switched_on(chapter, index)
     assert printed(notebook.cells[-2]) == SKIPPED + "\n"
     assert cpu_seconds(notebook) < 0.5, cpu_seconds(notebook)
+
+
+def test_the_course_s_grader_runs_its_kernels_as_nbgrader_s_autograde_does(tmp_path):
+    """Its sandbox clears the environment, so it sets NBGRADER_EXECUTION itself."""
+    arguments = sandbox_kernel.bwrap_arguments("06_decoder_only", tmp_path)
+    assert ["--setenv", "NBGRADER_EXECUTION", "autograde"] in [arguments[i:i + 3] for i in range(len(arguments))]
