@@ -8,8 +8,12 @@ time limit (the kernel's time: the grader's own work while judging does not coun
 
 Everything the kernel sends is bounded here, in the grader, where the learner cannot lift the bounds:
 
-- zmq refuses a frame over ``FRAME_BYTES`` before the grader reads it (``MAXMSGSIZE``: it cuts that
-  connection, which the grader then makes again), and keeps few messages waiting (``RCVHWM``);
+- the grader receives from the kernel's relays, never from the kernel (``relay``): a relay passes on no
+  message over ``FRAME_BYTES``, whatever its number of frames, and a message too large for the relay's
+  capped memory ends the relay, not the grader; a relay that ended (or a connection zmq cut) cuts the
+  cell's last messages, and the grader starts the kernel's relays again before its next cell;
+- zmq refuses a frame over ``FRAME_BYTES`` before the grader reads it (``MAXMSGSIZE``), and keeps few
+  messages waiting (``RCVHWM``);
 - a message's content is parsed only when it fits what the grader would keep of it (``BoundedChannel``);
 - every message of a cell counts against the output cap (``output_chars``), whatever its type; the
   reply to one of the grader's requests is taken aside instead, only while the grader waits for it, one
@@ -33,11 +37,11 @@ from traitlets import Bool, Enum, Integer, Type
 
 from ..nbgrader_course import is_test_cell
 from ..remote import MIME, wire
+from . import relay
 
 AGENT = "autograde_tests.remote.agent"
 REPLY_BYTES = wire.MAX_BYTES * 4 // 3 + 2**20  # a reply's own limit: the longest text the wire reads, and its envelope
-FRAME_BYTES = REPLY_BYTES + 2**20  # zmq cuts a connection that brings a larger frame, unread
-WAITING = 8  # messages zmq keeps for the grader on each socket: past it, the kernel waits (or zmq drops)
+FRAME_BYTES = REPLY_BYTES + 2**20  # the largest message (and frame) the grader receives
 HEADER_BYTES = 64 * 2**10  # a message's header, parent header or metadata, each
 SHELL_BYTES = 2**20  # an execute reply's content
 OUTPUT_BYTES = 256  # what a notebook and its feedback page add around each output they keep (its type, HTML)
@@ -110,11 +114,7 @@ class BoundedClient(AsyncKernelClient):
     iopub_channel_class = Type(BoundedChannel)
 
     def _context_default(self):
-        context = super()._context_default()
-        # Defaults of every socket made in this context, so of every socket this client makes.
-        context.setsockopt(zmq.MAXMSGSIZE, FRAME_BYTES)
-        context.setsockopt(zmq.RCVHWM, WAITING)
-        return context
+        return relay.bounded(super()._context_default(), FRAME_BYTES)
 
     def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
         # nbclient asks the kernel manager, not the heartbeat, whether the kernel lives.
@@ -122,8 +122,14 @@ class BoundedClient(AsyncKernelClient):
         self.monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
                          for channel in (self.shell_channel, self.iopub_channel)]
 
+    def stop_channels(self) -> None:
+        super().stop_channels()
+        for monitor in getattr(self, "monitors", []):
+            monitor.close(linger=0)
+        self.monitors = []
+
     def lost(self) -> bool:
-        """Whether zmq cut a connection to the kernel (a frame over ``FRAME_BYTES``); zmq never makes it again."""
+        """Whether a connection to the kernel's relays was cut (a relay ended: see ``relay``)."""
         return any(monitor.get(zmq.EVENTS) & zmq.POLLIN for monitor in self.monitors)
 
 
@@ -166,9 +172,11 @@ class GraderExecute(Execute):
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient's sync name calls its own
 
     def execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
-        """nbclient's, on connections made again first if zmq cut one (the kernel sent a frame over the limit)."""
-        if self.kc is not None and self.kc.lost():
+        """nbclient's, on new relays and connections first if one was cut (the kernel sent a message over the limit)."""
+        if self._cut():
             self.kc.stop_channels()
+            if getattr(self.km, "relays", None) is not None:
+                self.km.relays.renew()
             self.start_new_kernel_client()
         self.raise_on_iopub_timeout = False
         return super().execute_cell(cell, cell_index, execution_count, store_history)
@@ -177,8 +185,13 @@ class GraderExecute(Execute):
         """A cell past its time is interrupted. A kernel that then sends nothing more for the cell (it ignores
         the interrupt) did not finish it: that ends the notebook, as under nbgrader's own Execute. One still
         sending (a slow flood), or whose connection zmq cut, only loses the cell's last messages."""
-        self.raise_on_iopub_timeout = not (self.kc is not None and self.kc.lost())
+        self.raise_on_iopub_timeout = not self._cut()
         return await super()._async_handle_timeout(timeout, cell)
+
+    def _cut(self) -> bool:
+        """Whether a connection to the kernel was cut: a relay ended, or the grader's client saw it go."""
+        relays = getattr(self.km, "relays", None)
+        return self.kc is not None and (self.kc.lost() or (relays is not None and relays.ended()))
 
     def preprocess_cell(self, cell, resources, index):
         if not is_test_cell(cell):

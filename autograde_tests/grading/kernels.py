@@ -8,6 +8,10 @@ Each kernel has a cgroup of its own (``cgroups``), made before it starts and rem
 runs in it, when it is killed; its counters say what the submission used. Before a kernel is handed out,
 a probe checks that it answers and has loaded the grader's own agent and course package: a kernel that
 fails it is the grader's fault (``KernelFault``), never a submission's.
+
+The grader reaches a kernel only through its relays (``relay``): the kernel manager's own control socket
+and every client it makes, the probe's included, connect to the relays' sockets, in zmq contexts bounded
+as the grader's client is (``relay.bounded``).
 """
 
 import ctypes
@@ -26,10 +30,12 @@ import psutil
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
+from traitlets import default
 
 import autograde_tests
 
-from . import cgroups
+from . import cgroups, relay
+from .execute import FRAME_BYTES
 from .sandbox_kernel import sandbox_info, sockets
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -39,6 +45,37 @@ AGENT = "autograde_tests.remote.agent"
 
 class KernelFault(Exception):
     """The grader could not give a submission a working kernel: its fault, not the learner's."""
+
+
+class RelayedKernelManager(AsyncKernelManager):
+    """A kernel manager whose control socket and clients connect to the kernel's relays, not to the kernel."""
+
+    relays: relay.Relays | None = None
+
+    @default("context")
+    def _context_default(self):
+        return relay.bounded(super()._context_default(), FRAME_BYTES)
+
+    @property
+    def relay_prefix(self) -> str:
+        return str(self.exchange / "relay")  # ``exchange`` is set before the kernel starts
+
+    def _make_url(self, channel: str) -> str:
+        return relay.url(self.relay_prefix, getattr(self, f"{channel}_port"))
+
+    def client(self, **kwargs):
+        return super().client(**{"ip": self.relay_prefix} | kwargs)
+
+    def blocking_client(self):
+        client = super().blocking_client()
+        client.ip = self.relay_prefix
+        relay.bounded(client.context, FRAME_BYTES)
+        return client
+
+    def start_relays(self) -> None:
+        ports = {channel: getattr(self, f"{channel}_port") for channel in relay.CHANNELS}
+        self.relays = relay.Relays(self.ip, self.relay_prefix, ports, FRAME_BYTES)
+        self.relays.renew()
 
 
 class WarmKernels:
@@ -100,12 +137,13 @@ class WarmKernels:
         exchange = Path(tempfile.mkdtemp(prefix="k", dir=self.folder))
         cgroup = self.hierarchy.create(f"grading-{os.getpid()}-{exchange.name}", self.memory_bytes) if self.hierarchy else None
         specs = KernelSpecManager(kernel_dirs=[str(self.specs)])
-        kernel = AsyncKernelManager(kernel_name=self._spec(chapter, exchange, cgroup), kernel_spec_manager=specs,
+        kernel = RelayedKernelManager(kernel_name=self._spec(chapter, exchange, cgroup), kernel_spec_manager=specs,
                                     transport="ipc", ip=str(sockets(exchange) / "kernel"))
         kernel.exchange, kernel.cgroup = exchange, cgroup
         if not self.sandbox:
             sockets(exchange).mkdir()
             run_sync(kernel.start_kernel)(extra_arguments=["--HistoryManager.hist_file=:memory:"])
+            kernel.start_relays()
             return kernel
         os.mkfifo(sandbox_info(exchange), 0o600)
         info = os.open(sandbox_info(exchange), os.O_RDONLY | os.O_NONBLOCK)
@@ -117,6 +155,7 @@ class WarmKernels:
         # The kernel binds its sockets in its own tmpfs; the grader reaches them through its root.
         if pid is not None:
             sockets(exchange).symlink_to(f"/proc/{pid}/root{sockets(exchange)}")
+        kernel.start_relays()
         return kernel
 
     def _spec(self, chapter: str, exchange: Path, cgroup: cgroups.Cgroup | None) -> str:
@@ -160,13 +199,14 @@ def probe(kernel: AsyncKernelManager) -> None:
     from the grader's own course package; ``KernelFault`` saying what is wrong if not."""
     expected = repr(str(Path(autograde_tests.__file__).resolve()))
     client = kernel.blocking_client()
-    client.start_channels(hb=False)
+    client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
     try:
         _ask(kernel, client, "kernel_info_reply", client.kernel_info())
         reply = _ask(kernel, client, "execute_reply", client.execute(
             "", silent=True, store_history=False, user_expressions={"package": f"__import__({AGENT!r}).__file__"}))
     finally:
         client.stop_channels()
+        client.context.destroy(linger=0)
     answer = reply["content"].get("user_expressions", {}).get("package", {})
     if answer.get("status") != "ok":
         raise KernelFault(f"the kernel could not import the grader's agent ({answer.get('ename')}: {answer.get('evalue')})")
@@ -206,6 +246,8 @@ def kill(kernel: AsyncKernelManager) -> cgroups.Usage | None:
     if getattr(kernel, "cleaned", False):
         return None
     kernel.cleaned = True
+    if kernel.relays is not None:
+        kernel.relays.close()
     usage = None
     if kernel.cgroup is not None:
         usage = kernel.cgroup.usage()
