@@ -1,8 +1,9 @@
 """Whatever a graded kernel sends, the grader keeps no more of it than the output cap, reads no message
 over its size limit, and finishes each submission in bounded time and memory: every way around the cap
 (the grader's own reply type, display updates, an execute reply's error, streams, comm messages,
-malformed and over-size messages) gets its exact score, a hanging check fails its cell within
---cell-timeout, and the canary keeps its score. Graded through `python -m autograde_tests.grading`."""
+malformed and over-size messages, one message in many frames on each socket) gets its exact score, a
+hanging check fails its cell within --cell-timeout, the canary keeps its score, and no grading worker
+grows across the batch. Graded through `python -m autograde_tests.grading`."""
 
 import json
 import subprocess
@@ -27,7 +28,11 @@ LIMITS = ["--jobs", "1", "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_T
           "--output", str(OUTPUT)]
 MARGIN = 20_000  # the grader's own additions (its truncation marks, the verdicts' texts)
 GRADER_PEAK = 2 * 2**30  # the most memory any grading process (coordinator, worker) may hold at once
+# What a worker may hold after a submission beyond what it held after its second (the first ones load torch,
+# nbgrader and the checks; another chapter's checks load once); it grew by 3 to 4 MiB a submission.
+WORKER_GROWTH = 32 * 2**20
 REPLY = "from autograde_tests.remote import MIME\nfrom IPython.display import publish_display_data\n"
+KERNEL = "kernel = get_ipython().kernel\nbig = b'x' * 40 * 2**20\n"
 
 FLOODS = [
     Case("floods_with_the_grader_s_reply_type", with_extra_cell(
@@ -63,6 +68,22 @@ FLOODS = [
     Case("displays_one_message_over_the_size_limit", with_extra_cell(
         "from IPython.display import publish_display_data\npublish_display_data({'text/plain': 'x' * 100 * 2**20})"), 6),
     Case("raises_an_error_over_the_size_limit", with_extra_cell("raise ValueError('x' * 100 * 2**20)"), 6),
+    # One message in frames each under zmq's limit (the kernel holds one 40 MiB buffer): on iopub 2.4 GB,
+    # more than a relay's memory; on shell 120 MiB, more than the largest message a relay passes on (the
+    # cell's reply is lost with it); on control 2.4 GB, the answer to the grader's interrupt at the cell's time limit.
+    Case("sends_one_message_in_many_frames", with_extra_cell(
+        KERNEL + "kernel.session.send(kernel.iopub_socket, 'display_data', {'data': {'text/plain': 'x'}, 'metadata': {}},\n"
+        "                    parent=kernel.get_parent(), buffers=[big] * 60)"), 6),
+    Case("replies_in_many_frames", with_extra_cell(
+        KERNEL + "kernel.session.send(kernel.shell_stream, 'execute_reply', {'status': 'ok'}, parent=kernel.get_parent(),\n"
+        "                    ident=kernel._parent_ident['shell'], buffers=[big] * 3)"), 6),
+    Case("answers_the_interrupt_in_many_frames", with_extra_cell(
+        KERNEL + "interrupt = kernel.interrupt_request\n"
+        "async def flood(stream, ident, parent):\n"
+        "    kernel.session.send(stream, 'interrupt_reply', {'status': 'ok'}, parent, ident=ident, buffers=[big] * 60)\n"
+        "    await interrupt(stream, ident, parent)\n"
+        "kernel.control_handlers['interrupt_request'] = flood\n"
+        "while True:\n    pass"), 6),
 ]
 HANGS = [
     # a check's request that never returns fails that test cell, and attention (which calls softmax) too
@@ -178,3 +199,15 @@ def test_a_check_request_that_hangs_fails_within_the_cell_timeout(graded, case):
 
 def test_no_grading_process_holds_more_than_its_bound(graded):
     assert 0 < graded[2] < GRADER_PEAK, f"{graded[2] / 2**20:.0f} MiB"
+
+
+def test_no_worker_grows_across_the_batch(graded):
+    held = {}  # (worker, how many submissions it had finished) -> its resident memory then
+    for outcome in graded[1].values():
+        resources = outcome.get("resources", {})
+        if "worker_memory_bytes" in resources:
+            held[outcome["worker"], resources["worker_submissions"]] = resources["worker_memory_bytes"]
+    baselines = {worker: memory for (worker, count), memory in held.items() if count == 2}
+    assert baselines and len(held) >= len(CASES), held
+    growth = {key: memory - baselines[key[0]] for key, memory in held.items() if key[1] > 2}
+    assert max(growth.values()) <= WORKER_GROWTH, {k: f"{v / 2**20:+.1f} MiB" for k, v in sorted(growth.items())}
