@@ -2,16 +2,20 @@
 time its text promises ("under N seconds on one CPU core"), counted as the kernel's CPU time so that a busy
 machine does not count against it (the cell trains on one thread); and left on, it costs Validate and
 grading nothing: where NBGRADER_EXECUTION is set (nbgrader's validate and autograde set it, and so does the
-course's grader), it skips its training and says so."""
+course's grader), it skips its training and says so. The other training a notebook times, chapter 5's
+check that your Transformer can learn, is held to its promise too."""
 
 import re
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import autograde_tests.reference as R
 from autograde_tests import course
+from autograde_tests.checks import transformer as transformer_checks
 from autograde_tests.grading import sandbox_kernel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,3 +87,24 @@ def test_the_course_s_grader_runs_its_kernels_as_nbgrader_s_autograde_does(tmp_p
     """Its sandbox clears the environment, so it sets NBGRADER_EXECUTION itself."""
     arguments = sandbox_kernel.bwrap_arguments("06_decoder_only", tmp_path)
     assert ["--setenv", "NBGRADER_EXECUTION", "autograde"] in [arguments[i:i + 3] for i in range(len(arguments))]
+
+
+def test_the_transformer_check_trains_within_the_time_chapter_5_promises(monkeypatch):
+    """Its longest run: a loss target never met, so every one of the steps the exercise's text promises."""
+    notebook = nbformat.read(REPO / "solutions" / "05_transformer" / "05_transformer.ipynb", as_version=4)
+    text = " ".join(" ".join(c.source for c in notebook.cells if c.cell_type == "markdown").split())
+    steps, promised = map(int, re.search(r"trains your model for up to (\d+) steps on one small batch of reversals "
+                                         r"\(under (\d+) seconds on one CPU core\)", text).groups())
+    assert steps == transformer_checks.LEARN_STEPS
+    monkeypatch.setattr(transformer_checks, "LEARN_LOSS", 0.0)
+    runs, train = [], transformer_checks._train
+
+    def timed(*args):
+        started = time.process_time()
+        run = train(*args)
+        runs.append((time.process_time() - started, len(run["losses"])))
+        return run
+
+    monkeypatch.setattr(transformer_checks, "_train", timed)
+    transformer_checks.check_transformer(R.Transformer)  # on one thread, as in a graded kernel
+    assert [count for _, count in runs] == [steps] and runs[0][0] < promised, runs
