@@ -51,6 +51,7 @@ class RelayedKernelManager(AsyncKernelManager):
     """A kernel manager whose control socket and clients connect to the kernel's relays, not to the kernel."""
 
     relays: relay.Relays | None = None
+    relays_listening = False
 
     @default("context")
     def _context_default(self):
@@ -75,7 +76,7 @@ class RelayedKernelManager(AsyncKernelManager):
     def start_relays(self) -> None:
         ports = {channel: getattr(self, f"{channel}_port") for channel in relay.CHANNELS}
         self.relays = relay.Relays(self.ip, self.relay_prefix, ports, FRAME_BYTES)
-        self.relays.renew()
+        self.relays_listening = self.relays.renew()  # the probe refuses a kernel whose relays did not start
 
 
 class WarmKernels:
@@ -197,6 +198,8 @@ def _sandbox_pid(info: int, kernel: AsyncKernelManager) -> int | None:
 def probe(kernel: AsyncKernelManager) -> None:
     """Check, before the learner's first cell, that the kernel answers and loaded the grader's own agent
     from the grader's own course package; ``KernelFault`` saying what is wrong if not."""
+    if not kernel.relays_listening:
+        raise KernelFault("the grader's relays to the kernel could not start")
     expected = repr(str(Path(autograde_tests.__file__).resolve()))
     client = kernel.blocking_client()
     client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)

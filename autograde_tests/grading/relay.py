@@ -62,8 +62,9 @@ class Relays:
         self.kernel, self.prefix, self.ports, self.message_bytes = kernel, prefix, ports, message_bytes
         self.processes: list[subprocess.Popen] = []
 
-    def renew(self) -> None:
-        """End the relays that run and start new ones; return once each listens for the grader."""
+    def renew(self) -> bool:
+        """End the relays that run and start new ones; once each listens for the grader, True (False if one
+        could not start)."""
         self.close()
         # It imports this package from where the grader did, whichever clone that is.
         env = os.environ | {"MALLOC_ARENA_MAX": "1",
@@ -74,8 +75,7 @@ class Relays:
                 [sys.executable, "-m", __name__, channel, url(self.kernel, port), url(self.prefix, port),
                  "--message-bytes", str(self.message_bytes)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
-        for process in self.processes:
-            process.stdout.readline()  # "listening", or nothing if it could not start (the probe says so then)
+        return all([process.stdout.readline() == b"listening\n" for process in self.processes])
 
     def close(self) -> None:
         for process in self.processes:
