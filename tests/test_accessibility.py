@@ -2,12 +2,15 @@
 
 axe-core (pinned in a11y/package-lock.json, `make a11y`) runs on each page in the light and the dark theme at
 1280 px and 390 px wide: any critical or serious violation fails, named by rule, page and nodes. Every image
-has a text alternative that is not a file name, Chinese text is marked lang="zh", and nothing is wider than
-the text column unless it scrolls sideways with a visible cue. Every violation axe finds, whatever its
+has a text alternative that is not a file name, Chinese text is marked lang="zh", nothing is wider than
+the text column unless it scrolls sideways with a visible cue, and every figure is legible on a phone: a
+figure of several panels (one image per panel, cell tag "panels") stands one panel above the other at 390 px
+and side by side at 1280 px. Every violation axe finds, whatever its
 impact, is written to _build/accessibility/axe.json (counts per rule, edition, theme and width).
 """
 
 import json
+import math
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -99,6 +102,26 @@ CUT_OFF = """() => {
     found.push(`the page scrolls sideways (${document.documentElement.scrollWidth} px in ${innerWidth})`);
   return [...new Set(found)];
 }"""
+# Each figure a code cell drew: its images, where they sit and how large they are drawn (a figure of several
+# panels is one image per panel in a cell tagged "panels").
+FIGURES = """() => {
+  const column = document.querySelector("article.bd-article").getBoundingClientRect();
+  return [...document.querySelectorAll("div.cell_output")]
+    .map(output => [...output.querySelectorAll(":scope > img")].map(img => {
+      const r = img.getBoundingClientRect();
+      return {src: img.getAttribute("src"), panels: Boolean(output.closest("div.cell.tag_panels")),
+              top: r.top + scrollY, left: r.left, right: r.right, width: r.width, height: r.height,
+              natural_width: img.naturalWidth, column_left: column.left, column_right: column.right};
+    }))
+    .filter(images => images.length);
+}"""
+# Legible on a phone: a figure at least 150 px tall (the issue's figure was drawn about 110 px tall, its
+# axis labels about 5 px), and a panel at least 60% of its drawn size, so that matplotlib's 10-point tick
+# labels (15 px at the book's 110 dpi) are 9 px or more. Side by side on a desktop: up to three panels to
+# a row, as many as the CSS gives room in the 1280 px layout's column (13rem each).
+PHONE_MIN_HEIGHT = 150
+PHONE_MIN_PANEL_SCALE = 0.6
+DESKTOP_PANELS_PER_ROW = 3
 MATHJAX = "window.MathJax && MathJax.startup && MathJax.startup.promise"
 
 
@@ -144,7 +167,8 @@ def inspect(tab, url):
     if tab.locator(".math").count():
         tab.wait_for_function(MATHJAX, timeout=20000)
         tab.evaluate("MathJax.startup.promise")
-    found = {"images": tab.evaluate(IMAGES), "chinese": tab.evaluate(CHINESE), "cut_off": tab.evaluate(CUT_OFF)}
+    found = {"images": tab.evaluate(IMAGES), "chinese": tab.evaluate(CHINESE), "cut_off": tab.evaluate(CUT_OFF),
+             "figures": tab.evaluate(FIGURES)}
     for theme in THEMES:
         tab.evaluate(SET_THEME, theme)
         found[theme] = tab.evaluate(RUN_AXE)
@@ -187,6 +211,54 @@ def test_chinese_is_marked_as_chinese(audit, edition, name):
 def test_nothing_is_cut_off(audit, edition, name):
     found = [f"at {width}: {problem}" for width, seen in audit(edition, name).items() for problem in seen["cut_off"]]
     assert not found, f"{edition} {name}:\n" + "\n".join(found)
+
+
+def rows(images) -> list[list[dict]]:
+    """The images grouped by the line they sit on (tops within 1 px), top to bottom."""
+    lines = []
+    for image in sorted(images, key=lambda i: i["top"]):
+        if lines and abs(image["top"] - lines[-1][0]["top"]) <= 1:
+            lines[-1].append(image)
+        else:
+            lines.append([image])
+    return lines
+
+
+@pytest.mark.parametrize(("edition", "name"), CASES)
+def test_figures_are_legible_on_a_phone(audit, edition, name):
+    """At 390 px every figure is at least PHONE_MIN_HEIGHT tall and inside the column; the panels of one
+    figure stand one above the other, each drawn at PHONE_MIN_PANEL_SCALE of its size or more."""
+    bad = []
+    for images in audit(edition, name)["phone"]["figures"]:
+        for i in images:
+            if i["height"] < PHONE_MIN_HEIGHT:
+                bad.append(f"{i['src']}: {i['height']:.0f} px tall")
+            if i["left"] < i["column_left"] - 1 or i["right"] > i["column_right"] + 1:
+                bad.append(f"{i['src']}: reaches outside the column ({i['left']:.0f} to {i['right']:.0f} px)")
+            if i["panels"] and i["width"] < PHONE_MIN_PANEL_SCALE * i["natural_width"]:
+                bad.append(f"{i['src']}: a panel drawn at {i['width']:.0f} of its {i['natural_width']} px")
+        if images[0]["panels"] and len(rows(images)) != len(images):
+            bad.append(f"{[i['src'] for i in images]}: panels side by side on a phone")
+    assert not bad, f"{edition} {name}, figures at 390 px:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(("edition", "name"), CASES)
+def test_panels_of_a_figure_sit_side_by_side_on_a_desktop(audit, edition, name):
+    """At 1280 px the panels of one figure share rows (equal tops), DESKTOP_PANELS_PER_ROW to a row."""
+    bad = []
+    for images in audit(edition, name)["desktop"]["figures"]:
+        if images[0]["panels"]:
+            shape = [len(line) for line in rows(images)]
+            expected = math.ceil(len(images) / DESKTOP_PANELS_PER_ROW)
+            if len(shape) != expected:
+                bad.append(f"{[i['src'] for i in images]}: {shape} panels per row, not {expected} rows")
+    assert not bad, f"{edition} {name}, figures at 1280 px:\n" + "\n".join(bad)
+
+
+def test_chapter_one_draws_its_figures_as_panels(audit):
+    """The panel tests above measure something: chapter 1's two two-panel figures are tagged and split."""
+    figures = audit("learner", "01_attention.html")["desktop"]["figures"]
+    assert [len(images) for images in figures if images[0]["panels"]] == [2, 2], figures
 
 
 def test_both_editions_are_audited_whole():
