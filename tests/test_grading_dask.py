@@ -186,12 +186,19 @@ def graded_so_far(coordinator: subprocess.Popen, count: int) -> None:
         written += chunk
 
 
+def _interruptible() -> None:
+    """SIGINT at its default, as a terminal's foreground job has it: a suite started in the background by a
+    shell inherits it ignored, and so would the coordinator, which would then grade on through Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_an_interrupted_batch_grades_only_what_is_missing(small_class, local_scores, tmp_path):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once two pairs are graded;
     nothing it started survives; the next run grades the rest, though it loses a worker on the way."""
     root = copy_of(small_class, tmp_path)
     command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1"]
-    coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    coordinator = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   preexec_fn=_interruptible)
     graded_so_far(coordinator, 2)
     started = psutil.Process(coordinator.pid).children(recursive=True)
     os.killpg(coordinator.pid, signal.SIGINT)
