@@ -386,6 +386,92 @@ def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], head
     return rows
 
 
+# ------------------------------------------------------------------- 8. the times the notebooks promise
+
+PROMISE = re.compile(r"under (\d+) seconds on one CPU core")
+SWITCH = "RUN = False"
+LEARN_PROMISE = re.compile(r"trains your model for up to (\d+) steps on one small batch of reversals "
+                           r"\(under (\d+) seconds on one CPU core\)")
+
+
+def explore_cells() -> list[tuple[str, int]]:
+    """(chapter, index) of every solution notebook's code cell that trains behind the RUN switch."""
+    found = []
+    for chapter in course.chapters(REPO):
+        notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+        found += [(chapter, i) for i, cell in enumerate(notebook.cells)
+                  if cell.cell_type == "code" and any(line.startswith(SWITCH) for line in cell.source.splitlines())]
+    return found
+
+
+def switched_on(chapter: str, index: int) -> tuple[nbformat.NotebookNode, int]:
+    """The solution notebook up to its explore cell, run switched on, without the graded test cells (whose
+    time is the checks'), with the kernel's CPU seconds for the explore cell printed after it (the cell
+    trains on one thread, so a busy machine hardly counts); and the seconds its markdown promises."""
+    notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
+    promise = PROMISE.search(notebook.cells[index - 1].source)
+    if not promise:
+        raise ValueError(f"{chapter}: the text before cell {index} promises no time as 'under N seconds on one CPU core'")
+    explore = notebook.cells[index]
+    explore.source = explore.source.replace(SWITCH, "RUN = True")
+    kept = [c for c in notebook.cells[:index] if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("grade")]
+    notebook.cells = [*kept, nbformat.v4.new_code_cell("import time\n_started = time.process_time()"), explore,
+                      nbformat.v4.new_code_cell("print(time.process_time() - _started)")]
+    NotebookClient(notebook, kernel_name="python3", timeout=600,
+                   resources={"metadata": {"path": str(REPO / "solutions" / chapter)}}).execute()
+    return notebook, int(promise.group(1))
+
+
+def cpu_seconds(notebook: nbformat.NotebookNode) -> float:
+    """What ``switched_on`` printed: the explore cell's CPU seconds."""
+    return float(notebook.cells[-1].outputs[0].text)
+
+
+def learn_check_run() -> tuple[float, int]:
+    """Chapter 5's check that your Transformer can learn, at its longest (a loss target never met, so every
+    step), on the reference: its training's CPU seconds and steps."""
+    from unittest import mock
+
+    from .checks import transformer as checks
+    from .reference import Transformer
+
+    runs, train = [], checks._train
+
+    def timed(*args):
+        started = time.process_time()
+        run = train(*args)
+        runs.append((time.process_time() - started, len(run["losses"])))
+        return run
+
+    with mock.patch.object(checks, "LEARN_LOSS", 0.0), mock.patch.object(checks, "_train", timed):
+        checks.check_transformer(Transformer)  # on one thread, as in a graded kernel
+    (run,) = runs
+    return run
+
+
+def learn_check_promise() -> tuple[int, int]:
+    """The steps and seconds chapter 5's notebook promises for that check."""
+    notebook = nbformat.read(REPO / "solutions" / "05_transformer" / "05_transformer.ipynb", as_version=4)
+    text = " ".join(" ".join(c.source for c in notebook.cells if c.cell_type == "markdown").split())
+    steps, seconds = map(int, LEARN_PROMISE.search(text).groups())
+    return steps, seconds
+
+
+def promises(repeats: int) -> list[Row]:
+    """Each time a notebook's text promises, as CPU seconds on one core, against the promise."""
+    rows = []
+    for chapter, index in explore_cells():
+        runs = [switched_on(chapter, index) for _ in range(repeats)]
+        seconds, promised = statistics.median(cpu_seconds(notebook) for notebook, _ in runs), runs[0][1]
+        rows.append(Row(f"{chapter}'s explore cell switched on (`RUN = True`): CPU seconds", f"{seconds:.1f} s",
+                        f"under {promised} s (promised)", f"{seconds / promised:.2f}×"))
+    steps, promised = learn_check_promise()
+    seconds = statistics.median(learn_check_run()[0] for _ in range(repeats))
+    rows.append(Row(f"05_transformer's check that your Transformer can learn, all {steps} steps: CPU seconds",
+                    f"{seconds:.1f} s", f"under {promised} s (promised)", f"{seconds / promised:.2f}×"))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -415,7 +501,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
-    parser.add_argument("--figures", nargs="+", choices=list("1234567"), default=list("1234567"),
+    parser.add_argument("--figures", nargs="+", choices=list("12345678"), default=list("12345678"),
                         help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
@@ -439,6 +525,7 @@ def main(argv=None) -> None:
         "7": ("Attention at scale: time and memory against the sequence length", lambda: attention_at_scale(
             repeats, *(([64, 128], [32], 2) if args.smoke else ([512, 1024, 2048, 4096, 8192], [64, 128, 256], 2)),
             args.out.parent / "_static" / "07_attention_at_scale" / "scale.json")),
+        "8": ("The times the notebooks promise", lambda: promises(repeats)),
     }
     chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
     sections = kept_sections(args.out)

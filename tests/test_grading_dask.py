@@ -177,6 +177,32 @@ def test_a_submission_that_kills_every_worker_needs_attention(small_class, local
     assert found == {pair: got for pair, got in local_scores.items() if not pair.startswith("student5/")}
 
 
+def crowd_killer() -> WorkerPlugin:
+    """For tests only: the worker dies whenever a task arrives while it runs another, so that every death
+    is charged to two tasks and none can be told from the other; a task run alone is graded."""
+    class KillCrowded(WorkerPlugin):
+        running = 0
+
+        def transition(self, key, start, finish, **kwargs):
+            self.running += (finish == "executing") - (start == "executing")
+            if finish == "ready" and self.running:
+                os._exit(1)
+    return KillCrowded()
+
+
+def test_submissions_that_die_only_in_company_are_graded_alone(small_class, local_scores, tmp_path):
+    """Dask charges a worker's death to every task the worker holds, the ones waiting behind the one it
+    runs too, and gives up on a task charged four times: a submission queued behind one that kills its
+    worker is given up with it. Given up, each is run again alone: only what it does then is its own."""
+    root = copy_of(small_class, tmp_path)
+    with cluster(tmp_path, {"one": ([BIN / "dask", "worker"], {})}) as address:
+        with Client(address) as client:
+            client.register_plugin(crowd_killer(), name="kill")
+        run = grade(root, "--scheduler", address)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert scores(root) == local_scores
+
+
 def graded_so_far(coordinator: subprocess.Popen, count: int) -> None:
     """Read the coordinator's progress bar (tqdm, on stderr) as it is written, until ``count`` are graded."""
     written = b""

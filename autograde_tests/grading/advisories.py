@@ -21,6 +21,10 @@ NOTES = [
      {"modules", "__builtins__", "_getframe", "f_back", "f_globals", "f_locals", "set_custom_exc",
       "input_transformers_post", "__subclasses__", "__globals__"}),
     ("opens network connections", {"socket", "urllib", "http", "requests"}, set(), {"create_connection", "urlopen"}),
+    # The stand-ins a check hands the learner's code run in the kernel: code that rewrites them can make a
+    # wrong answer come out right, and no value the grader judges shows it.
+    ("reaches the course's grading package or rewrites classes at run time (a check's stand-ins live there)",
+     {"autograde_tests"}, {"setattr", "delattr"}, {"__class__", "__dict__", "__setattr__", "stand_ins", "beside"}),
 ]
 
 

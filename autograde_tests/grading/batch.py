@@ -150,10 +150,12 @@ def grade_class(settings: Settings) -> list[Outcome]:
         done = 0
         try:
             with cluster.workers(settings.scheduler, settings.jobs) as client:
-                running = _submit(client, tasks, cluster.package_digest() if settings.scheduler else None)
+                submit = _submitter(client, cluster.package_digest() if settings.scheduler else None)
+                running = {submit(task): task for task in tasks}
                 with tqdm(total=len(running), desc="grading", unit="submission") as progress:
-                    for future, result in cluster.finished(client, running, settings.worker_patience):
-                        pair, outcome, carried = running[future]
+                    for future, result in cluster.finished(client, running, settings.worker_patience,
+                                                              lambda future: submit(running[future])):
+                        pair, _, outcome, carried = running.pop(future)  # its result released once merged
                         outcomes.append(_merge(course, pair, outcome, result, carried))
                         state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
                         _save_state(work, state)
@@ -165,13 +167,16 @@ def grade_class(settings: Settings) -> list[Outcome]:
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
 
 
-def _submit(client, tasks, digest: str | None) -> dict:
-    """Each pair's job as a Dask task (``cluster.task``): its future, with what its result completes."""
+def _submitter(client, digest: str | None):
+    """A function that submits a pair's job as a Dask task (``cluster.task``) and returns its future."""
     shipped = cluster.task()
-    # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any other
-    # batch's on a shared scheduler (Dask would hand both the same result).
-    return {client.submit(shipped, asdict(job), digest, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}"):
-            (pair, outcome, carried) for pair, job, outcome, carried in tasks}
+
+    def submit(task) -> object:
+        pair, job, _, _ = task
+        # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any other
+        # batch's on a shared scheduler (Dask would hand both the same result), and from its own earlier try.
+        return client.submit(shipped, asdict(job), digest, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}")
+    return submit
 
 
 def _refusals(refused) -> dict[tuple[str, str], str]:

@@ -2,10 +2,11 @@
 that are the grader's own, which stop a batch instead of becoming anyone's score.
 
 A fault in grading one submission is that submission's outcome: ``worker.grade`` says why it needs
-attention, and a submission whose grading kills every worker that takes it is given up by Dask. A fault
-of the grader's is no submission's: a worker that cannot import the course's grader or has another
-version of it, a task that raised, a scheduler lost, no worker left. Each stops the batch (``Stopped``)
-with one line saying what and where; what was merged before it stays, and a rerun grades the rest.
+attention, and a submission whose grading kills every worker that takes it, even run alone, is given up
+by Dask. A fault of the grader's is no submission's: a worker that cannot import the course's grader or
+has another version of it, a task that raised, a scheduler lost, no worker left. Each stops the batch
+(``Stopped``) with one line saying what and where; what was merged before it stays, and a rerun grades
+the rest.
 """
 
 import contextlib
@@ -15,7 +16,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError
 from pathlib import Path
 
@@ -101,9 +102,26 @@ def workers(scheduler: str | None, jobs: int) -> Iterator[Client]:
         yield client
 
 
-def finished(client: Client, futures, patience: float) -> Iterator[tuple]:
+def finished(client: Client, futures, patience: float, again: Callable) -> Iterator[tuple]:
     """Each of ``futures`` with its result, as it finishes. ``Stopped`` on the grader's fault, and when no
-    worker has been connected for ``patience`` seconds (a cluster that scales from none gets that long)."""
+    worker has been connected for ``patience`` seconds (a cluster that scales from none gets that long).
+
+    Dask counts a worker's death against every task the worker held, the ones waiting behind the one it
+    ran too, and gives up on a task after a few: a submission queued behind one that kills its workers can
+    be given up with it. So a task Dask gave up on is run again, alone (``again(future)`` submits its job
+    anew), once the others are done; only what it does then is its own."""
+    given_up = []
+    for future in _each_done(client, futures, patience):
+        if future.status == "error" and isinstance(future.exception(), KilledWorker):
+            given_up.append(future)
+        else:
+            yield future, _result(client, future)
+    for future in given_up:
+        for alone in _each_done(client, [again(future)], patience):
+            yield future, _result(client, alone)
+
+
+def _each_done(client: Client, futures, patience: float) -> Iterator:
     pending, alone_since = set(futures), None
     while pending:
         try:
@@ -114,8 +132,7 @@ def finished(client: Client, futures, patience: float) -> Iterator[tuple]:
         except CancelledError as exc:
             raise Stopped(_cancelled(client, exc)) from None
         alone_since = None
-        for future in done:
-            yield future, _result(client, future)
+        yield from done
 
 
 def _alone_since(client: Client, since: float | None, patience: float) -> float | None:
