@@ -110,14 +110,16 @@ def relay(channel: str, kernel: str, grader: str, message_bytes: int) -> None:
     frontend.bind(grader)
     print("listening", flush=True)
     pending = None  # a message from the kernel that the grader's side has not taken yet
+    stdin = sys.stdin.fileno()  # zmq's poller names a file by its descriptor, whatever was registered
     while True:
         poller = zmq.Poller()
-        for socket in (sys.stdin, cut, frontend):
+        for socket in (stdin, cut, frontend):
             poller.register(socket, zmq.POLLIN)
         if pending is None:
             poller.register(backend, zmq.POLLIN)
         events = dict(poller.poll(RETRY_MS if pending is not None else None))
-        if events.get(sys.stdin) and not os.read(sys.stdin.fileno(), 1):
+        # A pipe whose writer is gone polls as an error (POLLHUP), not as input: any event, then read.
+        if events.get(stdin) and not os.read(stdin, 1):
             return
         if events.get(cut):
             return
