@@ -18,6 +18,8 @@ import psutil
 import pytest
 
 from autograde_tests import course, nbgrader_course
+from autograde_tests.grading import __main__ as grading_main
+from autograde_tests.grading import bubblewrap
 
 from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 from .class_batch import expect_outcome, grade, outcomes, submit
@@ -187,6 +189,16 @@ def test_bad_arguments_get_one_line_and_change_nothing(graded, args, message):
     run = grade(root, *args)
     assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert (root / ".grading" / "state.json").read_bytes() == state
+
+
+def test_without_a_sandbox_here_grading_is_refused_unless_dask_workers_grade(graded, monkeypatch, capsys):
+    """The sandbox must start where the kernels run: here, or on each Dask worker, which checks its own."""
+    monkeypatch.setattr(bubblewrap, "unavailable", lambda: "bubblewrap is not installed: install it")
+    arguments = ["--course", str(graded[0])]
+    with pytest.raises(SystemExit):
+        grading_main.parse(arguments)
+    assert capsys.readouterr().err.endswith("bubblewrap is not installed: install it (or --no-sandbox, for trusted work only)\n")
+    assert grading_main.parse([*arguments, "--scheduler", "tcp://127.0.0.1:8786"]).sandbox
 
 
 def test_a_folder_that_is_not_a_course_is_refused(tmp_path):

@@ -65,7 +65,7 @@ def parse(argv=None) -> batch.Settings:
         parser.error(f"{course}: no submitted/ folder (collect submissions first, or use --zip-collect)")
     if not batch.find_pairs(course, chapters) and not refused:
         parser.error(f"no submissions for {', '.join(chapters)} in {course / 'submitted'}")
-    if not args.no_sandbox:
+    if not args.no_sandbox and not args.scheduler:  # a Dask worker's sandbox is checked where it grades
         _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
                           args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
