@@ -23,7 +23,7 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
     assert "tiled, blocks of 32, T=128" in text and "MiB" in text
-    assert "(`RUN = True`): CPU seconds" in text and "(promised)" in text
+    assert "check that your Transformer can learn, all " in text and "(promised)" in text
 
 
 def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):
