@@ -124,13 +124,16 @@ def grade(job: Job) -> dict:
     submitted.parent.mkdir(parents=True, exist_ok=True)
     submitted.write_text(job.notebook)
     # The submission's time limit, kernel and all: past it the kernel is killed, which ends the grading.
-    deadline = threading.Timer(job.timeout, terminate, (kernel,))
+    # Marked before the kill: the grading can see the kernel dead while the timer still waits for it to go.
+    fired = threading.Event()
+    deadline = threading.Timer(job.timeout, lambda: (fired.set(), terminate(kernel)))
     deadline.start()
     try:
         result = _autograde(course, job, kernel)
     finally:
-        timed_out = not deadline.is_alive()
         deadline.cancel()
+        deadline.join()
+        timed_out = fired.is_set()
         ended = kernel.provisioner.process.poll()  # a status if the kernel ended before the grader killed it
         usage = kill(kernel)
         for folder in ("submitted", "autograded", "feedback"):
