@@ -37,6 +37,7 @@ from traitlets import Bool, Enum, Integer, Type
 
 from ..nbgrader_course import is_test_cell
 from ..remote import MIME, wire
+from ..remote.agent import REQUEST
 from . import relay
 
 AGENT = "autograde_tests.remote.agent"
@@ -96,9 +97,22 @@ class BoundedChannel(AsyncZMQSocketChannel):
 
 
 class BoundedShellChannel(BoundedChannel):
-    """The shell channel: an execute reply over ``SHELL_BYTES`` becomes an error that says so."""
+    """The shell channel: an execute reply over ``SHELL_BYTES`` becomes an error that says so.
+
+    An execute request carries in its metadata the grader's request that ``carry()`` hands over, if any
+    (see ``agent.serve``), and then runs silent: the kernel echoes no code and runs none of the learner's
+    post-execute hooks (``%matplotlib inline`` flushes figures in one) around each of the grader's requests.
+    """
 
     limit = staticmethod(lambda: SHELL_BYTES)
+    carry = staticmethod(lambda: None)
+
+    def send(self, msg: dict) -> None:
+        request = self.carry() if msg["msg_type"] == "execute_request" else None
+        if request is not None:
+            msg["metadata"][REQUEST] = request
+            msg["content"]["silent"] = True
+        super().send(msg)
 
     def oversized(self, message: dict) -> dict:
         error = {"status": "error", "ename": "ReplyTooLarge", "traceback": [],
@@ -150,6 +164,7 @@ class GraderExecute(Execute):
         self.printed = 0
         self.awaiting = False  # whether the grader waits for the reply to a request of its own
         self.reply: str | None = None
+        self.request: str | None = None  # the grader's request, until an execute request carries it
         self.budget: float | None = None  # seconds the kernel has left to answer the test cell being judged
         self.timeout_func = self._timeout_for
         # The judging code (torch, the checks, the reference) loads while the kernel starts and runs the
@@ -167,6 +182,7 @@ class GraderExecute(Execute):
         self.km.client_factory = BoundedClient
         client = await super().async_start_new_kernel_client()
         client.iopub_channel.limit = self._iopub_limit
+        client.shell_channel.carry = self._carry
         return client
 
     start_new_kernel_client = run_sync(async_start_new_kernel_client)  # nbclient's sync name calls its own
@@ -215,22 +231,26 @@ class GraderExecute(Execute):
         """One request to the agent in the kernel, run as a cell the notebook never shows; its reply."""
         if self.budget is not None and self.budget <= 0:
             raise KernelSilent(f"the kernel used up the test cell's {self.timeout} s")
-        code = f"__import__({AGENT!r}, fromlist=['serve']).serve(globals(), {request!r})"
-        probe = nbformat.v4.new_code_cell(code)
-        self.awaiting, self.reply = True, None
+        probe = nbformat.v4.new_code_cell(f"__import__({AGENT!r}, fromlist=['serve']).serve(globals())")
+        self.awaiting, self.reply, self.request = True, None, request
         start = time.monotonic()
         try:
             self.execute_cell(probe, index, store_history=False)
         except DeadKernelError as exc:
             raise KernelDied(str(exc)) from None
         finally:
-            self.awaiting = False
+            self.awaiting, self.request = False, None
             if self.budget is not None:
                 self.budget -= time.monotonic() - start
         if self.reply is not None:
             return self.reply
         errors = [f"{o.ename}: {o.evalue}" for o in probe.outputs if o.output_type == "error"]
         raise KernelSilent("the kernel did not answer the grader" + (f" ({errors[0][:200]})" if errors else ""))
+
+    def _carry(self) -> str | None:
+        """The request the next execute request carries (once), while the grader asks one."""
+        request, self.request = self.request, None
+        return request
 
     def _timeout_for(self, cell) -> int | None:
         """A cell's time limit; for a request, what its test cell's requests have left of theirs."""

@@ -1,6 +1,6 @@
 """The kernel's side of a graded run: does what the grader asks with the learner's objects, and answers.
 
-The grader sends one request at a time (``serve``, run as a cell of its own). The learner's objects
+The grader sends one request at a time (``serve``, run as a cell of its own, the request beside its code). The learner's objects
 never leave the kernel: the grader gets a handle for each and asks for calls, attributes or items;
 what comes back is data (``wire``). The grader's torch settings travel with each request (default
 dtype, grad mode, threads, and the random state when the grader seeded it) so the learner's code runs
@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 
 import torch
+from IPython import get_ipython
 from IPython.display import publish_display_data
 
 from . import MIME, wire
 
 MRO_SHOWN = 32  # how many of an object's classes the grader learns (for isinstance on a proxy)
+REQUEST = "grader_request"  # the key of an execute request's metadata that carries the request
 
 
 class Agent:
@@ -139,7 +141,13 @@ def _settings(context: dict) -> Iterator[None]:
 _agents: dict[int, Agent] = {}
 
 
-def serve(namespace: dict, request: str) -> None:
-    """Answer ``request`` as display data, the only way a kernel talks back (one agent per namespace)."""
+def serve(namespace: dict) -> None:
+    """Answer the request the grader's execute request carries in its metadata (``REQUEST``), as display
+    data, the only way a kernel talks back (one agent per namespace).
+
+    The request travels beside the cell's code, not in it: IPython reads a cell's code character by
+    character (its input transformers), which for a request holding tensors cost more than the request.
+    """
+    request = get_ipython().kernel.get_parent("shell").get("metadata", {}).get(REQUEST)
     agent = _agents.setdefault(id(namespace), Agent(namespace))
     publish_display_data({MIME: {"reply": agent.handle(request)}})
