@@ -5,6 +5,7 @@ malformed and over-size messages, one message in many frames on each socket) get
 hanging check fails its cell within --cell-timeout, the canary keeps its score, and no grading worker
 grows across the batch. Graded through `python -m autograde_tests.grading`."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -29,8 +30,10 @@ LIMITS = ["--jobs", "1", "--timeout", str(TIMEOUT), "--cell-timeout", str(CELL_T
 MARGIN = 20_000  # the grader's own additions (its truncation marks, the verdicts' texts)
 GRADER_PEAK = 2 * 2**30  # the most memory any grading process (coordinator, worker) may hold at once
 # What a worker may hold after a submission beyond what it held after its second (the first ones load torch,
-# nbgrader and the checks; another chapter's checks load once); it grew by 3 to 4 MiB a submission.
-WORKER_GROWTH = 32 * 2**20
+# nbgrader and the checks; another chapter's checks load once; each new kind of flood warms a path once):
+# it grew by 3 to 4 MiB a submission, then by about 0.6; since it collects, gives back and has each result released, +7.3 MiB in all.
+WORKER_GROWTH = 16 * 2**20
+AGAIN_GROWTH = 2 * 2**20  # what floods graded a second time may add, in all (measured: +0.2 MiB)
 REPLY = "from autograde_tests.remote import MIME\nfrom IPython.display import publish_display_data\n"
 KERNEL = "kernel = get_ipython().kernel\nbig = b'x' * 40 * 2**20\n"
 
@@ -94,7 +97,12 @@ HANGS = [
         ATTENTION_OWN_SOFTMAX), 4),
 ]
 CORRECT = Case("correct", solved, 6)
-CASES = [CANARY, CORRECT, *FLOODS, *HANGS]
+# Graded again at the end of the batch (students are graded in name order): once a kind of flood has been
+# graded, grading it again leaves the worker holding what it held before.
+AGAIN = [dataclasses.replace(case, student=f"zz_again_{case.student}") for case in FLOODS
+         if case.student in ("floods_with_display_updates", "floods_stderr", "prints_one_huge_line",
+                             "raises_an_error_over_the_cap", "updates_one_display_shown_many_times")]
+CASES = [CANARY, CORRECT, *FLOODS, *HANGS, *AGAIN]
 LATER = "07_attention_at_scale"  # a later chapter, whose checks send larger tensors
 LATER_FLOOD = (REPLY + "from IPython.display import display\nimport sys\nhandle = display('x', display_id=True)\n"
                "for _ in range(100):\n    publish_display_data({MIME: {'reply': 'x' * 500_000}})\n"
@@ -164,7 +172,7 @@ def _file(root: Path, folder: str, student: str) -> Path:
     return root / folder / student / CHAPTER / f"{CHAPTER}.{'ipynb' if folder == 'autograded' else 'html'}"
 
 
-@pytest.mark.parametrize("case", [CANARY, CORRECT, *FLOODS], ids=lambda c: c.student)
+@pytest.mark.parametrize("case", [CANARY, CORRECT, *FLOODS, *AGAIN], ids=lambda c: c.student)
 def test_a_flood_of_messages_gets_its_exact_score(graded, case):
     outcome = graded[1][f"{case.student}/{CHAPTER}"]
     assert (outcome["status"], outcome["score"]) == ("graded", case.expected), outcome
@@ -211,3 +219,13 @@ def test_no_worker_grows_across_the_batch(graded):
     assert baselines and len(held) >= len(CASES), held
     growth = {key: memory - baselines[key[0]] for key, memory in held.items() if key[1] > 2}
     assert max(growth.values()) <= WORKER_GROWTH, {k: f"{v / 2**20:+.1f} MiB" for k, v in sorted(growth.items())}
+
+
+def test_a_worker_that_grades_a_flood_again_holds_no_more(graded):
+    (worker,) = {outcome["worker"] for outcome in graded[1].values()}  # --jobs 1: one worker graded them all
+    resources = {student.split("/")[0]: o["resources"] for student, o in graded[1].items()}
+    order = sorted(resources.values(), key=lambda r: r["worker_submissions"])
+    first_again = min(resources[case.student]["worker_submissions"] for case in AGAIN)
+    assert first_again == len(order) - len(AGAIN) + 1, "the floods graded again were not the batch's last"
+    before, after = order[first_again - 2]["worker_memory_bytes"], order[-1]["worker_memory_bytes"]
+    assert after - before <= AGAIN_GROWTH, f"{(after - before) / 2**20:+.1f} MiB"

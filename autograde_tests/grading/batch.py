@@ -155,8 +155,9 @@ def grade_class(settings: Settings) -> list[Outcome]:
                 with tqdm(total=len(running), desc="grading", unit="submission") as progress:
                     for future, result in cluster.finished(client, running, settings.worker_patience,
                                                               lambda future: submit(running[future])):
-                        pair, _, outcome, carried = running.pop(future)  # its result released once merged
+                        pair, _, outcome, carried = running.pop(future)
                         outcomes.append(_merge(course, pair, outcome, result, carried))
+                        future.release()  # the worker drops the result once merged, whoever still refers to it
                         state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
                         _save_state(work, state)
                         done += 1
