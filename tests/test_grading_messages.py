@@ -31,7 +31,8 @@ MARGIN = 20_000  # the grader's own additions (its truncation marks, the verdict
 GRADER_PEAK = 2 * 2**30  # the most memory any grading process (coordinator, worker) may hold at once
 # What a worker may hold after a submission beyond what it held after its second (the first ones load torch,
 # nbgrader and the checks; another chapter's checks load once; each new kind of flood warms a path once):
-# it grew by 3 to 4 MiB a submission, then by about 0.6; since it collects, gives back and has each result released, +7.3 MiB in all.
+# it grew by 3 to 4 MiB a submission, then by about 0.6; since it collects, gives back and has each result
+# released, +7.3 MiB in all.
 WORKER_GROWTH = 16 * 2**20
 AGAIN_GROWTH = 2 * 2**20  # what floods graded a second time may add, in all (measured: +0.2 MiB)
 REPLY = "from autograde_tests.remote import MIME\nfrom IPython.display import publish_display_data\n"
@@ -222,7 +223,7 @@ def test_no_worker_grows_across_the_batch(graded):
 
 
 def test_a_worker_that_grades_a_flood_again_holds_no_more(graded):
-    (worker,) = {outcome["worker"] for outcome in graded[1].values()}  # --jobs 1: one worker graded them all
+    assert len({outcome["worker"] for outcome in graded[1].values()}) == 1  # --jobs 1: one worker graded them all
     resources = {student.split("/")[0]: o["resources"] for student, o in graded[1].items()}
     order = sorted(resources.values(), key=lambda r: r["worker_submissions"])
     first_again = min(resources[case.student]["worker_submissions"] for case in AGAIN)
