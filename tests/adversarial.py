@@ -440,6 +440,14 @@ class Reported:
 
 s.Training = Reported
 '''
+# chapter 5: greedy decoding that reads the first position, beside a cell that makes the stand-in model's
+# decode reverse time (so the first position would hold the last): the model is lent, the grader's decodes
+GREEDY_FIRST_POSITION = ("        next_token = logits[:, -1].argmax(dim=-1)", "        next_token = logits[:, 0].argmax(dim=-1)")
+STAND_IN_REVERSES_TIME = '''
+import autograde_tests.checks.stand_ins as s
+_decode = s.StandInModel.decode
+s.StandInModel.decode = lambda self, *args, **kwargs: _decode(self, *args, **kwargs).flip(1)
+'''
 # chapter 6: GPT's forward and generate handed to the checks' generators; generate that ignores the cache,
 # with the stand-in model patched to answer a call without the cache as if it had been given one
 GPT_BY_THE_CHECKS = '''
@@ -514,6 +522,8 @@ LATER = [
          20 - 5, chapter=TRANSFORMER),
     Case("greedy_decode_by_the_checks_05", replaced("greedy_decode", GREEDY_BY_THE_CHECKS), 20 - 3,
          chapter=TRANSFORMER),
+    Case("greedy_first_position_stand_in_reversed_05", and_cell(STAND_IN_REVERSES_TIME, edited(
+        "greedy_decode", GREEDY_FIRST_POSITION), after="imports"), 20 - 3, chapter=TRANSFORMER),
     Case("training_reported_not_run_05", and_cell(TRAINING_REPORTED_NOT_RUN, after="imports"), 20 - 5,
          chapter=TRANSFORMER),
     links_to_the_instructors(TRANSFORMER),
@@ -522,10 +532,10 @@ LATER = [
          chapter=DECODER_ONLY),
     Case("gpt_by_the_checks_06", replaced("gpt", GPT_BY_THE_CHECKS), 19 - 3, chapter=DECODER_ONLY),
     Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 19 - 4, chapter=DECODER_ONLY),
-    # whether generate uses the cache is only the kernel's to see: a note, so patching the stand-in gains nothing
-    Case("ignores_the_cache_06", edited("generate", NO_CACHE), 19, chapter=DECODER_ONLY),
+    # whether generate uses the cache is the grader's record (the stand-in model is lent): patching it gains nothing
+    Case("ignores_the_cache_06", edited("generate", NO_CACHE), 19 - 4, chapter=DECODER_ONLY),
     Case("ignores_the_cache_stand_in_patched_06", and_cell(STAND_IN_ANSWERS_AS_IF_CACHED, edited(
-        "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 19, chapter=DECODER_ONLY),
+        "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 19 - 4, chapter=DECODER_ONLY),
     links_to_the_instructors(DECODER_ONLY),
     *resource_cases(DECODER_ONLY),
     Case("imports_the_reference_07", replaced("tiled_attention", "from autograde_tests.reference import tiled_attention"),

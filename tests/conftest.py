@@ -60,9 +60,16 @@ def _through_the_wire(check):
     def wrapped(learner, *args, **kwargs):
         kernel = kernel_stand_in(chapter)
         kernel.namespace["learner"] = learner
-        return check(Session(kernel.handle).lookup("learner"), *args, **kwargs)
+        return check(connected(kernel).lookup("learner"), *args, **kwargs)
 
     return wrapped
+
+
+def connected(kernel: Agent, **kwargs) -> Session:
+    """The grader's session with ``kernel``: requests go one way, calls on what the grader lends the other."""
+    session = Session(kernel.handle, **kwargs)
+    kernel.grader = session.lender.answer
+    return session
 
 
 def kernel_stand_in(chapter: str) -> Agent:

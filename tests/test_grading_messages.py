@@ -81,6 +81,16 @@ FLOODS = [
     Case("replies_in_many_frames", with_extra_cell(
         KERNEL + "kernel.session.send(kernel.shell_stream, 'execute_reply', {'status': 'ok'}, parent=kernel.get_parent(),\n"
         "                    ident=kernel._parent_ident['shell'], buffers=[big] * 3)"), 6),
+    # on stdin, where the kernel calls what the grader lent: 2.4 GB in one message between cells, read by no one
+    Case("asks_on_stdin_in_many_frames", with_extra_cell(
+        KERNEL + "kernel.session.send(kernel.stdin_socket, 'input_request', {'prompt': '', 'password': False},\n"
+        "                    parent=kernel.get_parent(), ident=kernel._parent_ident['shell'], buffers=[big] * 60)"), 6),
+    # while judged, input requests the grader never lent anything for: each is answered with an error, in time
+    Case("asks_the_grader_for_what_it_never_lent", lambda r: solved(r, SOFTMAX.replace(
+        "def softmax(x, dim=-1):\n",
+        "def softmax(x, dim=-1):\n    for _ in range(20):\n        try:\n"
+        "            input('{\"tree\": ' + 'x' * 100_000)\n        except Exception:\n            pass\n"),
+        ATTENTION_OWN_SOFTMAX), 6),
     Case("answers_the_interrupt_in_many_frames", with_extra_cell(
         KERNEL + "interrupt = kernel.interrupt_request\n"
         "async def flood(stream, ident, parent):\n"

@@ -15,7 +15,7 @@ def test_a_relay_ends_when_the_grader_s_side_of_its_stdin_closes(tmp_path):
     kernel.bind(relay.url(str(tmp_path / "kernel"), 1))
     started = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading.relay", "shell",
                                 relay.url(str(tmp_path / "kernel"), 1), relay.url(str(tmp_path / "relay"), 1),
-                                "--message-bytes", str(2**20)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                "--message-bytes", str(2**20), "--identity", "test"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert started.stdout.readline() == b"listening\n"
         started.stdin.close()

@@ -29,11 +29,10 @@ from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
 from autograde_tests.grading.reach import Reach
 from autograde_tests.remote.proxy import Session
 
-from .conftest import kernel_stand_in
+from .conftest import connected, kernel_stand_in
 from .test_01_attention_checks import softmax_fixed_device
 from .test_03_attention_variants_checks import causal_on_the_cpu
 from .test_04_ffn_layernorm_residual_checks import (
-    CallingTheSublayerTwice,
     ConvByFunctional,
     PermutedConvFFN,
     conv_returning_the_ffn,
@@ -51,7 +50,7 @@ def graded(value, chapter: str, source: str = ""):
     """``value`` as a graded run's grader sees the learner's ``answer``: a proxy, with ``source`` as the cells."""
     kernel = kernel_stand_in(chapter)
     kernel.namespace["answer"] = value
-    return Session(kernel.handle, static_names=Reach([IMPORTS, source])).lookup("answer")
+    return connected(kernel, static_names=Reach([IMPORTS, source])).lookup("answer")
 
 
 def passes_with_a_note(check, answer, note: str, capsys, **kwargs) -> None:
@@ -238,53 +237,13 @@ def test_what_is_not_a_1x1_convolution_fails_a_graded_run_by_its_values(answer, 
         check_ffn_as_conv1d(graded(answer, "04_ffn_layernorm_residual"))
 
 
-def test_a_sublayer_called_twice_is_a_note_in_a_graded_run(capsys):
-    passes_with_a_note(check_sublayer_connection, graded(CallingTheSublayerTwice, "04_ffn_layernorm_residual"),
-                       "calls the sublayer 2 times", capsys)
-
-
 def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
-    layers = beside.position_wise_sublayer({"0.weight": torch.eye(3), "0.bias": torch.zeros(3)})
+    layers = stand_ins.position_wise_sublayer({"0.weight": torch.eye(3), "0.bias": torch.zeros(3)})
     assert not any(isinstance(m, nn.ReLU) for m in layers.modules())
-    assert not hasattr(beside, "ffn_sublayer")
+    assert not hasattr(beside, "ffn_sublayer") and not hasattr(stand_ins, "ffn_sublayer")
 
 
 # -------------------------------------------------------------------------------- chapter 6
-
-
-class AsIfCached(stand_ins.StandInLM):
-    """``StandInLM`` as a learner's cell could replace it: after the first call, and once told so, it answers
-    a call without the cache as it would answer one given the cache (its recall added)."""
-
-    def forward(self, idx, cache=None):
-        logits, new_cache = super().forward(idx, cache)
-        pretend = cache is None and len(self.fed) > 1 and getattr(self, "claims_a_cache", False)
-        return (logits + self.recall if pretend else logits), new_cache
-
-
-def claims_a_cache(model, idx, max_new_tokens, use_cache=True, **options):
-    """A generate that never uses the cache, and tells the stand-in above when it was asked to."""
-    model.claims_a_cache = use_cache
-    return make_generate(use_the_cache=False)(model, idx, max_new_tokens, use_cache=use_cache, **options)
-
-
-@pytest.mark.parametrize("hidden", [False, True])
-def test_generate_without_the_cache_is_a_note_in_a_graded_run(hidden, capsys):
-    """Whether the cache was used is seen only through the stand-in model, which lives in the kernel: the
-    tokens drawn without it pass in a graded run, with the note; in JupyterLab the check fails."""
-    with pytest.raises(AssertionError, match="use_cache=True but the model was given"):
-        check_generate(make_generate(use_the_cache=False), hidden=hidden)
-    passes_with_a_note(check_generate, graded(make_generate(use_the_cache=False), "06_decoder_only"),
-                       "use_cache=True but the tokens with ", capsys, hidden=hidden)
-
-
-def test_a_stand_in_that_answers_as_if_cached_gains_nothing(monkeypatch, capsys):
-    """Replacing the kernel's stand-in makes tokens drawn without the cache the reference's: the same points
-    the tokens drawn without the cache already get, which only the kernel's record tells apart."""
-    monkeypatch.setattr(stand_ins, "StandInLM", AsIfCached)
-    check_generate(graded(claims_a_cache, "06_decoder_only"))
-    printed = capsys.readouterr().out
-    assert "✔ generate" in printed and "the tokens with" not in printed, printed
 
 
 @pytest.mark.parametrize("hidden", [False, True])

@@ -11,7 +11,6 @@ from torch import nn
 
 from autograde_tests.remote.proxy import (
     Loopback,
-    RemoteError,
     Session,
     is_a,
     is_module,
@@ -19,6 +18,7 @@ from autograde_tests.remote.proxy import (
     run_beside,
     type_name,
 )
+from autograde_tests.remote.wire import RemoteError
 
 
 class Odd(Exception):

@@ -1,4 +1,4 @@
-"""What the checks run next to the learner's objects: probes, and the parts handed to the learner's code.
+"""What the checks run next to the learner's objects: probes, and what the kernel builds for the learner's code.
 
 In JupyterLab this runs in the learner's kernel like the rest of a check. In a graded run it runs in
 the sandboxed kernel (``remote.proxy.run_beside`` and ``make_beside``), which has the earlier
@@ -87,32 +87,6 @@ def parameter_gradients(module: nn.Module, args: tuple, upstream: torch.Tensor) 
     except RuntimeError as exc:
         return {"error": str(exc)}
     return {"gradients": {key: p.grad for key, p in module.named_parameters()}}
-
-
-class CountedSublayer:
-    """A sublayer the learner did not write, counting its calls."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.calls = 0
-
-    def __call__(self, h):
-        self.calls += 1
-        return self.fn(h)
-
-
-def attention_sublayer(h: torch.Tensor) -> torch.Tensor:
-    """Parameter-free self-attention, a sublayer that mixes positions (PyTorch's own attention)."""
-    return torch.nn.functional.scaled_dot_product_attention(h, h, h)
-
-
-def position_wise_sublayer(state: dict) -> nn.Sequential:
-    """tanh of one linear layer with the weights in ``state`` ("0.weight", "0.bias"): a sublayer with
-    parameters that acts on each position alone, and deliberately not chapter 4's FFN (which is an answer)."""
-    d_model, dtype = state["0.weight"].shape[0], state["0.weight"].dtype
-    layers = nn.Sequential(nn.Linear(d_model, d_model), nn.Tanh()).to(dtype)
-    layers.load_state_dict(state)
-    return layers.eval()
 
 
 def ffn_weights(state: dict) -> nn.Module:

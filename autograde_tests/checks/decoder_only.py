@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..reference import decoder_only as ref
-from ..remote.proxy import make_beside, run_beside, type_name
+from ..remote.proxy import lend, make_beside, run_beside, type_name
 from . import beside, stand_ins
 from .harness import (
     Inputs,
@@ -514,7 +514,8 @@ def check_gpt(GPT, hidden: bool = False) -> None:
             for device, dtype in grid():
                 model = copy.deepcopy(learner64).to(device=device, dtype=dtype)
                 copy_weights(name, model, reference, MODEL_HINT)
-                model.blocks = make_beside(model, stand_ins.stand_in_blocks, state)
+                model.blocks = make_beside(model, nn.ModuleList,
+                                           [lend(model, block) for block in stand_ins.stand_in_blocks(state)])
                 model = model.to(device=device, dtype=dtype)
                 with torch.no_grad(), default_dtype(dtype):
                     _check_model_case(name, model, swapped, idx64, case, device, dtype)
@@ -644,7 +645,7 @@ def check_lm_loss(lm_loss, hidden: bool = False) -> None:
             with torch.no_grad():
                 expected = ref.lm_loss(reference, idx64)
             for device, dtype in grid():
-                model = make_beside(lm_loss, stand_ins.stand_in_lm, reference.state_dict()).to(device=device, dtype=dtype)
+                model = lend(lm_loss, copy.deepcopy(reference).to(device=device, dtype=dtype))
                 idx = idx64.to(device)
                 loss = call(name, lm_loss, model, idx)
                 expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
@@ -761,7 +762,7 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
     local = copy.deepcopy(reference).to(device)
     expected = ref.generate(local, idx64.to(device), case.new, generator=stand_ins.seeded_generator(str(device), case.seed),
                             **options).cpu()
-    model = make_beside(generate, stand_ins.stand_in_lm, reference.state_dict()).to(device)
+    model = lend(generate, copy.deepcopy(reference).to(device))
     idx = idx64.to(device)
     generator = make_beside(generate, stand_ins.seeded_generator, str(device), case.seed)
     before = {"idx": (idx, idx.clone())}
@@ -773,12 +774,12 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
     _expect_tokens(name, tokens, idx64, case, device)
     tokens = tokens.cpu()
     # Whether the cache was used shows in the stand-in's record of the tokens each call was given, and in the
-    # tokens (the stand-in answers a call given its cache with its recall added). Both are the kernel's: the
-    # stand-in runs there, and a cell can replace it with one that adds its recall to any call.
+    # tokens (the stand-in answers a call given its cache with its recall added). Both are the grader's: the
+    # stand-in is lent (``lend``), and every call the learner's code makes on it runs here.
     fed = list(model.fed)
     if options.get("use_cache", True) and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
-        kernel_reported(name, generate, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} "
-                        "calls: the cache is not used", CACHE_HINT)
+        fail(name, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} calls: the cache is not "
+             "used", CACHE_HINT)
     probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
     for p in probs:
         sums = p.sum(dim=-1).to(torch.float64)
@@ -793,9 +794,8 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
                                 generator=stand_ins.seeded_generator(str(device), case.seed),
                                 **(options | {"use_cache": False})).cpu()
         if torch.equal(tokens, uncached):
-            kernel_reported(name, generate, f"use_cache=True but the tokens with {shown} are the ones drawn without "
-                            "the cache (the model answers a call given its cache a little differently)", CACHE_HINT)
-            return
+            fail(name, f"use_cache=True but the tokens with {shown} are the ones drawn without the cache (the model "
+                 "answers a call given its cache a little differently)", CACHE_HINT)
     if not torch.equal(tokens, expected):
         _name_sampling_mistake(name, reference, idx64, case, tokens)
         b = int((tokens != expected).any(dim=1).nonzero()[0])

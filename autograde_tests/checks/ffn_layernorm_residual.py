@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ..reference import ffn_layernorm_residual as ref
-from ..remote.proxy import is_a, is_module, make_beside, run_beside, type_name
-from . import beside
+from ..remote.proxy import is_a, is_module, lend, make_beside, run_beside, type_name
+from . import beside, stand_ins
 from .harness import (
     DROPOUT_IN_EVAL,
     Inputs,
@@ -610,9 +610,9 @@ SUBLAYER_MISTAKES = [
 def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=torch.float64) -> Callable:
     """The sublayer the learner did not write: self-attention with no parameters, or a random position-wise layer."""
     if case.sublayer == "attention":
-        return beside.attention_sublayer
+        return stand_ins.attention_sublayer
     linear = randomise(nn.Linear(case.d_model, case.d_model).double(), Inputs(seed + 600))
-    layers = beside.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()})
+    layers = stand_ins.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()})
     return layers.to(device=device, dtype=dtype)
 
 
@@ -663,12 +663,11 @@ def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int
     with torch.no_grad():  # before the learner's code meets x (on the CPU in float64, x is x64)
         expected = (_pre if case.norm_first else _post)(x64, f, norm)
     x = x64.to(device=device, dtype=dtype)
-    sublayer = make_beside(module, beside.CountedSublayer, _sublayer(case, seed, device, dtype))
+    sublayer = lend(module, stand_ins.CountedSublayer(_sublayer(case, seed, device, dtype)))
     out = call(name, module, x, sublayer)
-    if sublayer.calls != 1:
-        kernel_reported(
+    if sublayer.calls != 1:  # the grader's own count: the sublayer is lent (``lend``)
+        fail(
             name,
-            module,
             f"calls the sublayer {sublayer.calls} times in one forward pass",
             "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
         )
@@ -695,7 +694,7 @@ def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: Sublaye
     with torch.random.fork_rng(devices=forked), torch.no_grad():
         residual_only = norm(x) if not case.norm_first else x.clone()  # before the learner's code meets x
         torch.manual_seed(seed)
-        out = call(name, module, x, torch.zeros_like)
+        out = call(name, module, x, lend(module, torch.zeros_like))
         if not close(out, residual_only):
             fail(
                 name,
@@ -707,7 +706,7 @@ def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: Sublaye
             )
         f = _sublayer(case, seed, device)  # drawn here, as the seeded dropout masks have always been drawn
         full = x + f(norm(x)) if case.norm_first else norm(x + f(x))  # x as drawn: `call` saw it unchanged
-        out = call(name, module, x, f)
+        out = call(name, module, x, lend(module, f))
         if close(out, full):
             fail(
                 name,

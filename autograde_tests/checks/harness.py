@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from .. import reference
-from ..remote.proxy import RemoteError, is_module, run_beside, type_name
+from ..remote.proxy import is_module, run_beside, type_name
+from ..remote.wire import RemoteError
 
 # The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
 # a learner's result in dtype d must agree to TOLERANCE[d]. The float32 bounds allow for a different

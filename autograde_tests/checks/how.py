@@ -2,8 +2,9 @@
 
 Most rules judge values: the grader makes the inputs and compares what comes back. A few are about how
 the answer was computed (no built-in softmax, the sublayer called once, the KV cache used, no full score
-matrix), and some of those can only be seen from next to the learner's code: a record of the operators
-that ran, of the calls a stand-in received, of the tensors created. In JupyterLab that record is made
+matrix). What a stand-in was given the grader records itself: stand-ins are lent (``remote.lent``), so
+those rules fail a graded run as any rule does. Others can only be seen from next to the learner's code:
+a record of the operators that ran, of the tensors created. In JupyterLab that record is made
 in the learner's own kernel, and a broken rule fails the check as any rule does. In a graded run it is
 made in the sandboxed kernel, which the learner controls (``shared/design/grading-trust.md``, invariant
 1): there it is the kernel's word, shown as a note, worth no points either way. ``kernel_reported`` is

@@ -1,12 +1,15 @@
-"""Chapters 5 and 6's stand-ins: small models the checks hand to the learner's code, and the "can it learn" run.
+"""The stand-ins the checks hand to the learner's code (chapters 4 to 6), and chapter 5's "can it learn" run.
 
-Grading ``Transformer`` alone means running it with layers that are not the learner's; grading
-``teacher_forcing_loss`` and ``greedy_decode`` means handing them a model. In a graded run these live in
-the learner's kernel (which may replace them: the checks judge only the values that come back), which lacks chapter 5's reference, so they are built here from PyTorch alone and
-are deliberately not Transformers: each layer mixes positions by a plain average over the keys it may
-see, which makes it use every mask the way attention would, and nothing more. The checks compute the
-expected numbers with the very same stand-ins. Chapter 6's (``StandInBlock``, ``StandInLM``) do the same
-for a decoder-only model: a block that takes positions and a cache as a DecoderBlock does.
+Grading ``SublayerConnection`` alone means handing it a sublayer; grading ``Transformer`` alone means
+running it with layers that are not the learner's; grading ``teacher_forcing_loss``, ``greedy_decode``,
+``GPT``, ``lm_loss`` and ``generate`` means handing them a model or blocks. In a graded run each is lent
+(``remote.lent``): it stays in the grader, which answers every call the kernel's code makes on it and keeps
+its record (the calls a sublayer received, the tokens a model was fed); the kernel holds a stub with a copy
+of its weights. Built from PyTorch alone, they are deliberately not answers: each layer mixes positions by a
+plain average over the keys it may see, which makes it use every mask the way attention would, and nothing
+more. The checks compute the expected numbers with the very same stand-ins. Chapter 6's (``StandInBlock``,
+``StandInLM``) do the same for a decoder-only model: a block that takes positions and a cache as a
+DecoderBlock does. ``Training`` runs in the kernel, on the learner's own model.
 """
 
 import math
@@ -27,6 +30,38 @@ def _allowed(m: int, padding_mask: torch.Tensor | None, n: int, like: torch.Tens
     if padding_mask is None:
         return torch.ones(1, m, n, dtype=torch.bool, device=like.device)
     return padding_mask[:, None, :].expand(-1, m, -1)
+
+
+# ------------------------------------------------------------------ chapter 4: the sublayers
+
+
+class CountedSublayer:
+    """A sublayer the learner did not write, counting its calls (lent: the count is the grader's)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, h):
+        self.calls += 1
+        return self.fn(h)
+
+
+def attention_sublayer(h: torch.Tensor) -> torch.Tensor:
+    """Parameter-free self-attention, a sublayer that mixes positions (PyTorch's own attention)."""
+    return torch.nn.functional.scaled_dot_product_attention(h, h, h)
+
+
+def position_wise_sublayer(state: dict) -> nn.Sequential:
+    """tanh of one linear layer with the weights in ``state`` ("0.weight", "0.bias"): a sublayer with
+    parameters that acts on each position alone, and deliberately not chapter 4's FFN (which is an answer)."""
+    d_model, dtype = state["0.weight"].shape[0], state["0.weight"].dtype
+    layers = nn.Sequential(nn.Linear(d_model, d_model), nn.Tanh()).to(dtype)
+    layers.load_state_dict(state)
+    return layers.eval()
+
+
+# ------------------------------------------------------------------ chapter 5: layers and a model
 
 
 class StandInEncoderLayer(nn.Module):
@@ -171,9 +206,8 @@ def stand_in_blocks(state: dict) -> nn.ModuleList:
 class StandInLM(nn.Module):
     """What ``lm_loss`` and ``generate`` are given: ``forward(idx, cache=None) -> (logits, cache)``, a GPT's
     signature, with one ``StandInBlock``. A call given a cache adds ``recall`` to its logits, so that the
-    tokens drawn show whether generation used the cache; ``fed`` lists how many tokens each call was given.
-    Both are for the learner's message: in a graded run this model lives in the kernel, which can replace
-    it, so whether the cache was used is only a note there."""
+    tokens drawn show whether generation used the cache; ``fed`` lists how many tokens each call was given
+    (lent, the model keeps that record in the grader)."""
 
     def __init__(self, vocab: int, d_model: int):
         super().__init__()

@@ -20,7 +20,7 @@ from torch import nn
 from ..reference import transformer as ref
 from ..reference.attention_variants import causal_mask, padding_mask
 from ..toy_task import BOS, PAD, VOCAB, random_digits, reversal_batch, to_batch
-from ..remote.proxy import make_beside, type_name
+from ..remote.proxy import lend, make_beside, type_name
 from . import stand_ins
 from .harness import (
     DROPOUT_IN_EVAL,
@@ -592,9 +592,10 @@ def _stand_in_states(case: ModelCase, seed: int) -> dict:
 
 
 def _with_stand_in_layers(model: nn.Module, states: dict) -> nn.Module:
-    """``model`` with stand-in layers (built where ``model`` lives) as its encoder and decoder layers."""
-    model.encoder_layers = make_beside(model, stand_ins.stand_in_layers, "encoder", states["encoder"])
-    model.decoder_layers = make_beside(model, stand_ins.stand_in_layers, "decoder", states["decoder"])
+    """``model`` with stand-in layers as its encoder and decoder layers, lent to it (``lend``)."""
+    for kind in ("encoder", "decoder"):
+        layers = [lend(model, layer) for layer in stand_ins.stand_in_layers(kind, states[kind])]
+        setattr(model, f"{kind}_layers", make_beside(model, nn.ModuleList, layers))
     return model
 
 
@@ -892,8 +893,8 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
             with torch.no_grad():
                 expected = ref.teacher_forcing_loss(reference, src64, tgt64, PAD)
             for device, dtype in grid():
-                model = make_beside(teacher_forcing_loss, stand_ins.stand_in_model, reference.state_dict())
-                model = model.to(device=device, dtype=dtype)
+                model = lend(teacher_forcing_loss, copy.deepcopy(reference).to(device=device, dtype=dtype),
+                             "forward", "encode", "decode")
                 src, tgt = src64.to(device), tgt64.to(device)
                 before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
                 loss = call(name, teacher_forcing_loss, model, src, tgt, PAD)
@@ -1003,7 +1004,7 @@ def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
             src64, mask64 = decode_inputs(case)
             expected = ref.greedy_decode(reference, src64, case.max_len, case.bos, case.eos, mask64)
             for device in devices():
-                model = make_beside(greedy_decode, stand_ins.stand_in_model, reference.state_dict()).to(device)
+                model = lend(greedy_decode, copy.deepcopy(reference).to(device), "forward", "encode", "decode")
                 src, mask = src64.to(device), mask64.to(device)
                 before = {"src": (src, src.clone())}
                 out = call(name, greedy_decode, model, src, case.max_len, case.bos, case.eos, mask)

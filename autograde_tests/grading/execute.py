@@ -18,9 +18,12 @@ Everything the kernel sends is bounded here, in the grader, where the learner ca
 - every message of a cell counts against the output cap (``output_chars``), whatever its type; the
   reply to one of the grader's requests is taken aside instead, only while the grader waits for it, one
   per request, up to ``REPLY_BYTES``;
-- the error of an execute reply (what nbgrader adds when no output shows it) counts against the cap too.
+- the error of an execute reply (what nbgrader adds when no output shows it) counts against the cap too;
+- the kernel's calls on what the grader lent (``remote.lent``) arrive on stdin, as input requests: they are
+  read only while a request of the grader's runs, each up to ``REPLY_BYTES``, and each is answered.
 """
 
+import asyncio
 import importlib
 import math
 import threading
@@ -109,9 +112,9 @@ class BoundedShellChannel(BoundedChannel):
 
     def send(self, msg: dict) -> None:
         request = self.carry() if msg["msg_type"] == "execute_request" else None
-        if request is not None:
+        if request is not None:  # stdin: the learner's code calls what the grader lent it (``lent``)
             msg["metadata"][REQUEST] = request
-            msg["content"]["silent"] = True
+            msg["content"] |= {"silent": True, "allow_stdin": True}
         super().send(msg)
 
     def oversized(self, message: dict) -> dict:
@@ -120,21 +123,28 @@ class BoundedShellChannel(BoundedChannel):
         return message | {"content": error, "buffers": []}
 
 
+class BoundedStdinChannel(BoundedChannel):
+    """The stdin channel, on which the kernel calls what the grader lent (one call's text, as a reply's)."""
+
+    limit = staticmethod(lambda: REPLY_BYTES)
+
+
 class BoundedClient(AsyncKernelClient):
-    """The grader's client of a graded kernel: bounded channels on sockets zmq bounds, and only those
-    nbclient reads (a socket nobody reads, stdin or control, the kernel could fill at will)."""
+    """The grader's client of a graded kernel: bounded channels on sockets zmq bounds, and only those the
+    grader reads (a socket nobody reads, control, the kernel could fill at will)."""
 
     shell_channel_class = Type(BoundedShellChannel)
     iopub_channel_class = Type(BoundedChannel)
+    stdin_channel_class = Type(BoundedStdinChannel)
 
     def _context_default(self):
         return relay.bounded(super()._context_default(), FRAME_BYTES)
 
     def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
         # nbclient asks the kernel manager, not the heartbeat, whether the kernel lives.
-        super().start_channels(shell=shell, iopub=iopub, stdin=False, hb=False, control=False)
+        super().start_channels(shell=shell, iopub=iopub, stdin=stdin, hb=False, control=False)
         self.monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                         for channel in (self.shell_channel, self.iopub_channel)]
+                         for channel in (self.shell_channel, self.iopub_channel, self.stdin_channel)]
 
     def stop_channels(self) -> None:
         super().stop_channels()
@@ -165,6 +175,7 @@ class GraderExecute(Execute):
         self.awaiting = False  # whether the grader waits for the reply to a request of its own
         self.reply: str | None = None
         self.request: str | None = None  # the grader's request, until an execute request carries it
+        self.answer = None  # the judging session's answer to a call on what it lent (``lent.Lender``)
         self.budget: float | None = None  # seconds the kernel has left to answer the test cell being judged
         self.timeout_func = self._timeout_for
         # The judging code (torch, the checks, the reference) loads while the kernel starts and runs the
@@ -195,7 +206,32 @@ class GraderExecute(Execute):
                 self.km.relays.renew()
             self.start_new_kernel_client()
         self.raise_on_iopub_timeout = False
-        return super().execute_cell(cell, cell_index, execution_count, store_history)
+        return run_sync(self.async_execute_cell)(cell, cell_index, execution_count, store_history)
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        """nbclient's; while a request of the grader's runs, the kernel's calls on what it lent are answered."""
+        if self.request is None:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        answering = asyncio.ensure_future(self._answer_lent_calls())
+        try:
+            return await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        finally:
+            answering.cancel()
+
+    async def _answer_lent_calls(self) -> None:
+        """Answer each input request of the kernel as a call on what the judging session lent it. Every
+        request gets an answer (one the grader cannot read, an error), so a stub never waits for nothing;
+        the time they take is the test cell's."""
+        while True:
+            msg = await self.kc.stdin_channel.get_msg(timeout=None)
+            if msg["msg_type"] != "input_request":
+                continue
+            prompt = msg["content"].get("prompt")
+            if msg.get("oversized") or not isinstance(prompt, str) or self.answer is None:
+                reply = wire.encode({"raised": ["ValueError", "a call the grader cannot read"]})
+            else:
+                reply = self.answer(prompt)
+            self.kc.input(reply)
 
     async def _async_handle_timeout(self, timeout, cell=None):
         """A cell past its time is interrupted. A kernel that then sends nothing more for the cell (it ignores
@@ -219,11 +255,11 @@ class GraderExecute(Execute):
 
         before = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not is_test_cell(c)]
         session = Session(lambda request: self._ask(request, index), static_names=Reach(before))
-        self.budget = self.timeout
+        self.budget, self.answer = self.timeout, session.lender.answer
         try:
             cell.outputs = judge.judge(cell.source, session)
         finally:
-            self.budget = None
+            self.budget, self.answer = None, None
         self.nb.cells[index] = cell  # nbclient put each request's cell in its place
         return cell, resources
 

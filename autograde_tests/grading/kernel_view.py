@@ -3,7 +3,8 @@
 A kernel graded on a chapter runs the learner's cells and the agent that answers the grader; the checks
 themselves run in the grader. In there it needs only
 
-- the agent and its wire (``remote.agent``, ``remote.wire``), which the kernel preloads as it starts;
+- the agent, its wire and the stubs of what the grader lends (``remote.agent``, ``remote.wire``,
+  ``remote.lent``), which the kernel preloads as it starts;
 - what the checks run next to the learner's code (``checks.beside``, ``checks.stand_ins``: PyTorch alone,
   and no answer to an exercise);
 - the earlier chapters' reference, which the chapter's notebook imports as its building blocks;
@@ -29,7 +30,8 @@ PACKAGE = Path(autograde_tests.__file__).resolve().parent
 STUB = Path(__file__).with_name("hidden_reference.py")
 KERNEL_NEEDS = frozenset({
     "autograde_tests", "autograde_tests.lazy",
-    "autograde_tests.remote", "autograde_tests.remote.agent", "autograde_tests.remote.wire",
+    "autograde_tests.remote", "autograde_tests.remote.agent", "autograde_tests.remote.lent",
+    "autograde_tests.remote.wire",
     "autograde_tests.checks", "autograde_tests.checks.beside", "autograde_tests.checks.stand_ins",
     "autograde_tests.reference",
 })

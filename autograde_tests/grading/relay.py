@@ -3,7 +3,7 @@
 zmq's ``MAXMSGSIZE`` bounds a frame, not a message. A kernel can split one message into any number of
 frames each under the limit, and zmq holds them all in the receiving process before it hands over the
 first: a grader that received from the kernel itself could not count a message before it held it. So
-the grader never does. For each socket it talks through (shell, iopub, control) a relay process receives
+the grader never does. For each socket it talks through (shell, iopub, control, stdin) a relay process receives
 from the kernel, counts each whole message, and passes on only those of at most ``--message-bytes``;
 what the grader receives from it zmq bounds again, in messages and frames (``bounded``).
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import zmq
 
-CHANNELS = ("shell", "iopub", "control")
+CHANNELS = ("shell", "iopub", "control", "stdin")
 WAITING = 8  # whole messages zmq keeps waiting on each socket the grader reads (it never counts frames)
 BASE_BYTES = 64 * 2**20  # a relay's address space before any message: Python, zmq and their threads
 HELD = 3  # messages a relay may hold at once: one passing on, one waiting, one arriving
@@ -69,11 +69,12 @@ class Relays:
         # It imports this package from where the grader did, whichever clone that is.
         env = os.environ | {"MALLOC_ARENA_MAX": "1",
                             "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        identity = os.urandom(8).hex()
         for channel in CHANNELS:
             port = self.ports[channel]
             self.processes.append(subprocess.Popen(
                 [sys.executable, "-m", __name__, channel, url(self.kernel, port), url(self.prefix, port),
-                 "--message-bytes", str(self.message_bytes)],
+                 "--message-bytes", str(self.message_bytes), "--identity", identity],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env))
         return all([process.stdout.readline() == b"listening\n" for process in self.processes])
 
@@ -90,10 +91,11 @@ class Relays:
         return any(process.poll() is not None for process in self.processes)
 
 
-def relay(channel: str, kernel: str, grader: str, message_bytes: int) -> None:
+def relay(channel: str, kernel: str, grader: str, message_bytes: int, identity: str) -> None:
     """Pass ``channel``'s messages between the kernel's socket at ``kernel`` and the grader's at ``grader``
     until a message from the kernel is over ``message_bytes``, a connection to the kernel is cut, or stdin
-    closes."""
+    closes. The relays of one kernel meet it under one ``identity``: the kernel addresses an input request
+    on stdin to whoever sent the execute request on shell."""
     context = zmq.Context()
     if channel == "iopub":
         backend, frontend = context.socket(zmq.SUB), context.socket(zmq.XPUB)
@@ -101,6 +103,7 @@ def relay(channel: str, kernel: str, grader: str, message_bytes: int) -> None:
         frontend.setsockopt(zmq.XPUB_NODROP, 1)
     else:
         backend, frontend = context.socket(zmq.DEALER), context.socket(zmq.ROUTER)
+        backend.setsockopt(zmq.IDENTITY, identity.encode())
         frontend.setsockopt(zmq.ROUTER_MANDATORY, 1)
     backend.setsockopt(zmq.MAXMSGSIZE, message_bytes)
     backend.setsockopt(zmq.RCVHWM, 1)
@@ -149,11 +152,12 @@ def main() -> None:
     parser.add_argument("kernel", help="the kernel's socket")
     parser.add_argument("grader", help="where the grader connects")
     parser.add_argument("--message-bytes", type=int, required=True)
+    parser.add_argument("--identity", required=True, help="this kernel's relays' identity on its sockets")
     args = parser.parse_args()
     cap = BASE_BYTES + HELD * args.message_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # zmq aborts when an allocation fails: no core dump
-    relay(args.channel, args.kernel, args.grader, args.message_bytes)
+    relay(args.channel, args.kernel, args.grader, args.message_bytes, args.identity)
     os._exit(0)  # at once: nothing it still holds is worth waiting for zmq to send
 
 

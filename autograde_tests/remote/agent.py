@@ -10,6 +10,7 @@ Nothing here is trusted: the learner can replace any of it. The grader only ever
 and a fake answer passes only if it is the right answer.
 """
 
+import base64
 import contextlib
 import copy
 import functools
@@ -23,7 +24,7 @@ import torch
 from IPython import get_ipython
 from IPython.display import publish_display_data
 
-from . import MIME, wire
+from . import MIME, lent, wire
 
 MRO_SHOWN = 32  # how many of an object's classes the grader learns (for isinstance on a proxy)
 REQUEST = "grader_request"  # the key of an execute request's metadata that carries the request
@@ -33,12 +34,15 @@ class Agent:
     """Objects handed out to the grader, by handle, and the operations the grader may ask for.
 
     Every course module it loads, for a pickle or for ``run``, it loads by ``import_module``: the suite's
-    stand-in for a graded kernel passes one that refuses what the sandbox hides.
+    stand-in for a graded kernel passes one that refuses what the sandbox hides. ``grader`` carries a call
+    on what the grader lent (``lent``) to the grader and brings back its answer, both as wire text.
     """
 
     def __init__(self, namespace: dict, unpickle: Callable[[bytes], object] | None = None,
-                 import_module: Callable[[str], ModuleType] = importlib.import_module):
+                 import_module: Callable[[str], ModuleType] = importlib.import_module,
+                 grader: Callable[[str], str] | None = None):
         self.namespace = namespace
+        self.grader = grader
         self.objects: dict[int, object] = {}
         self.import_module = import_module
         self.unpickle = unpickle or (lambda data: _Unpickler(io.BytesIO(data), import_module).load())
@@ -70,9 +74,23 @@ class Agent:
         return {"t": "object", "id": id(obj), "type": type(obj).__name__, "kinds": kinds}
 
     def _resolve(self, node: dict):
+        if node.get("t") == "lent":
+            if "module" in node:
+                return lent.LentModule(node, self.unpickle(base64.b64decode(node["module"])), self._ask_grader)
+            return lent.LentFunction(node, self._ask_grader)
         if node.get("t") != "ref" or node.get("id") not in self.objects:
             raise wire.WireError("unknown handle")
         return self.objects[node["id"]]
+
+    def _ask_grader(self, message: dict):
+        """A call on what the grader lent: the grader runs it and answers (or the exception it raised)."""
+        if self.grader is None:
+            raise RuntimeError("the grader's stand-in cannot be reached from here")
+        reply = wire.decode(self.grader(wire.encode(message, handle=self._keep)), handle=self._resolve,
+                            unpickle=self.unpickle)
+        if "raised" in reply:
+            raise wire.exception(reply["raised"])
+        return reply["ok"]
 
     # ------------------------------------------------------------------ what the grader may ask for
 
@@ -148,6 +166,8 @@ def serve(namespace: dict) -> None:
     The request travels beside the cell's code, not in it: IPython reads a cell's code character by
     character (its input transformers), which for a request holding tensors cost more than the request.
     """
-    request = get_ipython().kernel.get_parent("shell").get("metadata", {}).get(REQUEST)
-    agent = _agents.setdefault(id(namespace), Agent(namespace))
+    kernel = get_ipython().kernel
+    request = kernel.get_parent("shell").get("metadata", {}).get(REQUEST)
+    # A call on what the grader lent goes to the grader as an input request, which it answers.
+    agent = _agents.setdefault(id(namespace), Agent(namespace, grader=lambda text: kernel.raw_input(text)))
     publish_display_data({MIME: {"reply": agent.handle(request)}})

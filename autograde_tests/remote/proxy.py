@@ -6,30 +6,13 @@ and what comes back is data. So the verdict is computed here, from inputs made h
 that gives learners their messages.
 """
 
-import builtins
 import io
 import pickle
 from collections.abc import Callable
 
 import torch
 
-from . import agent, wire
-
-# Exceptions the learner's code raised come back under their own class when it is one of Python's,
-# so that a check's ``except NotImplementedError`` means the same in both places.
-BUILTIN_EXCEPTIONS = {
-    name: cls for name, cls in vars(builtins).items()
-    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, Warning)
-}
-
-
-class RemoteError(Exception):
-    """The learner's code raised an exception that is not one of Python's own."""
-
-    def __init__(self, type_name: str, message: str):
-        super().__init__(message)
-        self.type_name = type_name
-
+from . import agent, lent, wire
 
 class Remote:
     """One of the learner's objects, living in the kernel: call it, read and set attributes, index it."""
@@ -113,6 +96,15 @@ def make_beside(learner, factory: Callable, *args, **kwargs):
     return factory(*args, **kwargs)
 
 
+def lend(learner, obj, *methods: str):
+    """``obj``, which the check hands to ``learner``'s code: for a ``Remote``, lent (``lent``), so that the
+    kernel's code calls the grader's ``obj`` (its ``methods``; calling it, by default) and cannot replace it.
+    Returns ``obj`` itself, whose own record (e.g. of the calls it received) is the grader's."""
+    if isinstance(learner, Remote):
+        learner._session.lender.lend(obj, methods or (("forward",) if isinstance(obj, torch.nn.Module) else ("__call__",)))
+    return obj
+
+
 def run_beside(function: Callable, learner, *args, **kwargs):
     """``function(learner, ...)``, run where ``learner`` lives: in the kernel for a ``Remote``.
 
@@ -136,6 +128,7 @@ class Session:
         self.transport = transport
         self.static_names = static_names
         self.rng_sent: torch.Tensor | None = None
+        self.lender = lent.Lender(self._remote)  # what this session lent the kernel, and its answers to calls
 
     def lookup(self, name: str):
         """The learner's global ``name``: a proxy, or the value itself when it is data."""
@@ -148,12 +141,12 @@ class Session:
         context = {"dtype": torch.get_default_dtype(), "grad": torch.is_grad_enabled(),
                    "threads": torch.get_num_threads(), "rng": self._rng()}
         request = wire.encode({"op": op, "args": list(args), "kwargs": kwargs, "context": context},
-                              handle=_ref, pickles=True)
+                              handle=lambda x: _ref(x) or self.lender.node(x), pickles=True)
         reply = wire.decode(self.transport(request), handle=self._remote)
         if not isinstance(reply, dict):
             raise wire.WireError("a reply that is not a dict")
         if "raised" in reply:
-            raise _exception(reply["raised"])
+            raise wire.exception(reply["raised"])
         if "ok" not in reply:
             raise wire.WireError("a reply with no result")
         for key, value in reply.get("changed", []):
@@ -179,14 +172,6 @@ def _ref(x) -> dict | None:
     return {"t": "ref", "id": x._id} if isinstance(x, Remote) else None
 
 
-def _exception(raised) -> Exception:
-    if not (isinstance(raised, (list, tuple)) and len(raised) == 2 and all(isinstance(s, str) for s in raised)):
-        return wire.WireError("a malformed exception")
-    type_name, message = raised
-    cls = BUILTIN_EXCEPTIONS.get(type_name)
-    return cls(message) if cls is not None else RemoteError(type_name, message)
-
-
 def _write_back(key, value, args: tuple, kwargs: dict) -> None:
     """Copy an argument the learner's code changed in place into the grader's own tensor."""
     original = args[key] if isinstance(key, int) and 0 <= key < len(args) else kwargs.get(key)
@@ -206,6 +191,8 @@ class Loopback:
 
     def __init__(self, hidden: frozenset[str] = frozenset()):
         self.agent = agent.Agent({}, unpickle=lambda data: _Unpickler(io.BytesIO(data), hidden).load())
+        self.session = Session(self)
+        self.agent.grader = self.session.lender.answer
 
     def __call__(self, request: str) -> str:
         return self.agent.handle(request)
@@ -213,7 +200,7 @@ class Loopback:
     def expose(self, name: str, value) -> Remote:
         """``value`` as the learner's global ``name``, reached through the wire."""
         self.agent.namespace[name] = value
-        return Session(self).lookup(name)
+        return self.session.lookup(name)
 
 
 class _Unpickler(pickle.Unpickler):

@@ -7,11 +7,13 @@ learner's modules, functions, any object) stays there and travels as a handle, `
 Trust runs one way. Decoding what the kernel sent (``decode`` without ``unpickle``) never executes
 anything: no pickle, no import by name, sizes and dtypes checked before anything is built; a malformed
 message is a ``WireError``, which the checks turn into a failure. The grader may send the kernel things
-that are not data (a sublayer function, a course module to hand to the learner's code): those travel
-as pickles, and only the kernel, which the grader does not trust anyway, unpickles them.
+that are not data (a course module to hand to the learner's code): those travel as pickles, and only
+the kernel, which the grader does not trust anyway, unpickles them. What the grader lends (a stand-in,
+``lent``) travels as ``{"t": "lent", ...}``, which only the kernel reads.
 """
 
 import base64
+import builtins
 import binascii
 import json
 import math
@@ -34,6 +36,31 @@ DTYPES = {
 
 class WireError(ValueError):
     """A message that is not what the protocol allows."""
+
+
+class RemoteError(Exception):
+    """The other side's code raised an exception that is not one of Python's own."""
+
+    def __init__(self, type_name: str, message: str):
+        super().__init__(message)
+        self.type_name = type_name
+
+
+# Exceptions raised on the other side come back under their own class when it is one of Python's,
+# so that a check's ``except NotImplementedError`` means the same in both places.
+BUILTIN_EXCEPTIONS = {
+    name: cls for name, cls in vars(builtins).items()
+    if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, Warning)
+}
+
+
+def exception(raised) -> Exception:
+    """The exception a ``{"raised": [type, message]}`` reply describes."""
+    if not (isinstance(raised, (list, tuple)) and len(raised) == 2 and all(isinstance(s, str) for s in raised)):
+        return WireError("a malformed exception")
+    type_name, message = raised
+    cls = BUILTIN_EXCEPTIONS.get(type_name)
+    return cls(message) if cls is not None else RemoteError(type_name, message)
 
 
 def encode(value, handle: Callable[[object], dict | None] | None = None, pickles: bool = False) -> str:
@@ -82,7 +109,7 @@ def encode(value, handle: Callable[[object], dict | None] | None = None, pickles
             return {"t": "list", "v": [walk(item, depth + 1) for item in x]}
         node = handle(x) if handle is not None else None
         if node is None and pickles:
-            node = {"t": "pickle", "v": base64.b64encode(pickle.dumps(x)).decode()}
+            node = {"t": "pickle", "v": pickled(x)}
         if node is None:
             raise WireError(f"cannot send a {type(x).__name__}")
         return node
@@ -90,6 +117,11 @@ def encode(value, handle: Callable[[object], dict | None] | None = None, pickles
     tree = walk(value, 0)
     blob = safetensors.torch.save(tensors) if tensors else b""
     return json.dumps({"tree": tree, "tensors": base64.b64encode(blob).decode()})
+
+
+def pickled(x) -> str:
+    """``x`` pickled, as text: how the grader sends what is not data (only the kernel unpickles it)."""
+    return base64.b64encode(pickle.dumps(x)).decode()
 
 
 def decode(text: str, handle: Callable[[dict], object], unpickle: Callable[[bytes], object] | None = None):
@@ -137,7 +169,7 @@ def decode(text: str, handle: Callable[[dict], object], unpickle: Callable[[byte
             return torch.empty(node["shape"], dtype=DTYPES[node["dtype"]], device="meta")
         if kind == "pickle" and trusted:
             return unpickle(base64.b64decode(value))
-        if kind in ("object", "ref"):
+        if kind in ("object", "ref") or (kind == "lent" and trusted):
             return handle(node)
         raise WireError(f"unknown value kind {kind[:40]!r}")
 
