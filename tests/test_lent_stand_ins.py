@@ -5,6 +5,8 @@ keeps its own record of them, so the rules read from that record earn points in 
 this process, whose calls on a lent object reach the grader's session only through the wire.
 """
 
+import copy
+
 import pytest
 import torch
 from hypothesis import given
@@ -66,6 +68,18 @@ def test_a_lent_module_follows_its_kernel_copy_to_another_dtype():
     model = Recording()
     assert fn(lend(fn, model), torch.ones(1, 3)).dtype == torch.float64
     assert model.linear.weight.dtype == torch.float64
+
+
+def test_a_copy_made_in_the_kernel_still_asks_the_grader():
+    def copied(model, x):
+        twin = copy.deepcopy(model)
+        return twin(x), twin.encode(x)
+
+    fn = learner(copied)
+    model = Recording()
+    out, encoded = fn(lend(fn, model, "forward", "encode"), torch.ones(2, 3))
+    assert model.seen == [(2, 3)]
+    torch.testing.assert_close(encoded, 2 * torch.ones(2, 3))
 
 
 def test_a_result_needs_gradients_when_the_lent_module_s_would():

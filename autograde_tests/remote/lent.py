@@ -15,6 +15,7 @@ kernel's graph needs it (grad enabled and a tensor that requires grad), the call
 (``_Through``): its backward asks the grader for the gradients of the call's inputs.
 """
 
+import copy
 import itertools
 from collections.abc import Callable
 
@@ -109,6 +110,9 @@ class LentFunction:
     def __call__(self, *args, **kwargs):
         return call(self._ask, self._id, "__call__", args, kwargs, ())
 
+    def __deepcopy__(self, memo):  # a copy still asks the grader's object (its way there cannot be copied)
+        return self
+
     def __repr__(self) -> str:
         return "<the grader's stand-in>"
 
@@ -123,6 +127,10 @@ class LentModule(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self._ask_grader("forward", args, kwargs)
+
+    def __deepcopy__(self, memo):  # a copy of the weights that still asks the grader's object
+        handle, methods, ask = self._lent_call
+        return LentModule({"id": handle, "methods": methods}, copy.deepcopy(self.lent, memo), ask)
 
     def __getattr__(self, name: str):
         try:
