@@ -112,6 +112,17 @@ def test_a_call_on_what_was_not_lent_is_refused():
     assert model.seen == []
 
 
+@pytest.mark.parametrize("shape", [(1, lent.CALL_SIZE + 1), (128, 129)])
+def test_a_call_larger_than_any_stand_in_needs_is_refused_before_the_grader_computes(shape):
+    """A call runs in the grader, outside the sandbox: a stand-in layer's (T, T) average of a long input
+    would make the grader hold what the kernel's cgroup would have bounded."""
+    fn = learner(lambda model, x: model(x))
+    model = Recording()
+    with pytest.raises(ValueError, match="the grader's stand-in takes at most"):
+        fn(lend(fn, model), torch.ones(shape))
+    assert model.seen == []
+
+
 def test_the_graphs_kept_for_the_kernel_s_backward_passes_are_bounded(monkeypatch):
     monkeypatch.setattr(lent, "GRAPH_BYTES", 1000)
     lender = lent.Lender(remote=lambda node: node)
@@ -121,6 +132,11 @@ def test_the_graphs_kept_for_the_kernel_s_backward_passes_are_bounded(monkeypatc
         lender.answer(wire.encode({"id": id(torch.sin), "method": "__call__", "args": (x,), "kwargs": {},
                                    "graph": True}))
     assert len(lender.graphs) == 1
+    monkeypatch.setattr(lent, "GRAPH_BYTES", 2**30)
+    for _ in range(3 * lent.GRAPHS):
+        lender.answer(wire.encode({"id": id(torch.sin), "method": "__call__", "args": (x,), "kwargs": {},
+                                   "graph": True}))
+    assert len(lender.graphs) == lent.GRAPHS
 
 
 # ------------------------------------------------------------------ the rules the grader's record decides

@@ -26,6 +26,11 @@ from torch.utils import _pytree as pytree
 from . import wire
 
 GRAPH_BYTES = 64 * 2**20  # the tensors the grader keeps for the kernel's backward passes, oldest dropped first
+GRAPHS = 16  # and at most this many calls' graphs (what autograd saves inside them is not counted above)
+# What one call may hand a lent object: the checks' stand-ins work on a few hundred numbers, and a call runs in
+# the grader, outside the sandbox's bounds, so a stand-in's (T, T) averages must stay small whatever is sent.
+CALL_ELEMENTS = 2**14  # in all the tensors of a call
+CALL_SIZE = 256  # along any one dimension
 
 
 class Lender:
@@ -64,6 +69,7 @@ class Lender:
         method, args, kwargs = message.get("method"), message.get("args"), message.get("kwargs")
         if method not in methods or not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise wire.WireError("not a call the grader lent")
+        _expect_small(args, kwargs)
         like = message.get("like")
         if isinstance(obj, nn.Module) and isinstance(like, torch.Tensor) and like.is_floating_point():
             obj.to(device=like.device, dtype=like.dtype)  # where the kernel's copy now is
@@ -81,7 +87,7 @@ class Lender:
     def _keep(self, call: int, leaves: list, outputs: list) -> None:
         self.graphs[call] = (leaves, outputs)
         held = sum(t.nbytes for ts in self.graphs.values() for group in ts for t in group)
-        while held > GRAPH_BYTES and len(self.graphs) > 1:
+        while (held > GRAPH_BYTES or len(self.graphs) > GRAPHS) and len(self.graphs) > 1:
             oldest = next(iter(self.graphs))
             held -= sum(t.nbytes for group in self.graphs.pop(oldest) for t in group)
 
@@ -96,6 +102,14 @@ class Lender:
         found = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs],
                                     retain_graph=True, allow_unused=True)
         return list(found)
+
+
+def _expect_small(args: tuple, kwargs: dict) -> None:
+    tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    if sum(t.numel() for t in tensors) > CALL_ELEMENTS or any(n > CALL_SIZE for t in tensors for n in t.shape):
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors[:4])
+        raise ValueError(f"the grader's stand-in takes at most {CALL_ELEMENTS} numbers a call, none of its sizes "
+                         f"over {CALL_SIZE}; it was given tensors of shape {shapes}")
 
 
 # ---------------------------------------------------------------------------- the kernel's side: stubs
