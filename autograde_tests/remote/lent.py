@@ -119,7 +119,7 @@ class LentFunction:
     """A lent function (or callable object) in the kernel: calling it asks the grader."""
 
     def __init__(self, node: dict, ask: Callable[[dict], object]):
-        self._id, self._methods, self._ask = node["id"], tuple(node["methods"]), ask
+        self._id, self._ask = node["id"], ask
 
     def __call__(self, *args, **kwargs):
         return call(self._ask, self._id, "__call__", args, kwargs, ())
