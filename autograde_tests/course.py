@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from .nbgrader_course import api, failure_messages, gradebook, run
+from .nbgrader_course import api, failure_messages, gradebook, run, start_gradebook
 
 SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE)
 
@@ -36,6 +36,7 @@ def scratch_course(repo: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(repo / "nbgrader_config.py", dest / "nbgrader_config.py")
     shutil.copytree(repo / "solutions", dest / "solutions", dirs_exist_ok=True)
+    start_gradebook(dest)
     return dest
 
 

@@ -4,8 +4,10 @@ Shared by ``course`` (scratch courses for ``make demo`` and the tests), ``demo``
 every part of the course reaches nbgrader the same way, through the course's own ``nbgrader_config.py``.
 """
 
+import functools
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -26,11 +28,15 @@ def config(course: Path) -> Config:
 
 def api(course: Path, configured: Config | None = None) -> NbGraderAPI:
     """nbgrader's API for the course in ``course`` (``configured``: its configuration, adjusted)."""
-    # nbgrader runs `alembic` (gradebook migrations) and kernels as commands: take this Python's.
+    _commands_of_this_python()
+    return NbGraderAPI(config=configured or config(course))
+
+
+def _commands_of_this_python() -> None:
+    """nbgrader runs `alembic` (gradebook migrations) and kernels as commands: take this Python's."""
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ["PATH"].split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ["PATH"]
-    return NbGraderAPI(config=configured or config(course))
 
 
 def run(result: dict) -> str:
@@ -43,6 +49,25 @@ def run(result: dict) -> str:
 def gradebook(course: Path) -> Gradebook:
     """The course's gradebook, where its configuration puts it (``CourseDirectory.db_url``)."""
     return Gradebook(CourseDirectory(config=config(course)).db_url)
+
+
+def start_gradebook(course: Path) -> None:
+    """Give ``course`` an empty gradebook, where its configuration puts it, unless it has one (or keeps it in
+    a database server): a copy of one made once in this process."""
+    url = CourseDirectory(config=config(course)).db_url
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).exists():
+        Path(url.removeprefix("sqlite:///")).write_bytes(_empty_gradebook())
+
+
+@functools.cache
+def _empty_gradebook() -> bytes:
+    """nbgrader stamps each gradebook it creates with its schema's version, which it asks of `alembic`, a
+    process of its own that loads nbgrader again (about 2 s of a core): a copy is stamped already."""
+    _commands_of_this_python()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "gradebook.db"
+        Gradebook(f"sqlite:///{path}").close()
+        return path.read_bytes()
 
 
 def is_test_cell(cell) -> bool:

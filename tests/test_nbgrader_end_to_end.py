@@ -9,6 +9,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from nbgrader.api import get_alembic_version
+from sqlalchemy import text
 
 from autograde_tests import course
 
@@ -98,3 +100,11 @@ def test_feedback_is_written_as_html(graded):
     root, chapter = graded
     html = course.feedback(root, "one_mistake", chapter)
     assert html.is_file() and "<html" in html.read_text()
+
+
+def test_a_scratch_course_starts_with_a_gradebook_nbgrader_would_have_made(tmp_path):
+    root = course.scratch_course(REPO, tmp_path / "course")
+    with course.gradebook(root) as book:
+        assert book.assignments == [] and book.students == []
+        (stamped,) = book.db.execute(text("SELECT version_num FROM alembic_version")).one()
+    assert stamped == get_alembic_version()

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import uuid
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -29,7 +30,7 @@ import nbformat
 from tqdm import tqdm
 
 from .. import exchange, nbgrader_course
-from . import cluster, files, submissions, worker
+from . import cluster, files, submissions
 from .advisories import advisories
 
 WORK = ".grading"
@@ -53,6 +54,25 @@ class Settings:
     refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
     zip_collected: tuple[str, ...] = ()  # the chapters whose uploads zip collection judged in this run
     worker_patience: float = 300  # seconds with no grading worker connected before the batch stops
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the coordinator sends a grading worker for one submission (``worker.grade``)."""
+
+    student: str
+    chapter: str
+    notebook: str  # the rebuilt submission (JSON)
+    config: str  # the course's nbgrader_config.py
+    solution: str  # the chapter's instructor notebook (JSON)
+    timeout: int  # seconds for the whole submission
+    cell_timeout: int
+    memory_bytes: int
+    output_chars: int
+    sandbox: bool
+    # Whether the worker starts the chapter's next kernel now: not for a chapter's last submissions, after
+    # which it would wait for nothing (each kernel costs about 2 s of a core to start).
+    start_next: bool = True
 
 
 @dataclass
@@ -147,9 +167,11 @@ def grade_class(settings: Settings) -> list[Outcome]:
             state[f"{outcome.student}/{outcome.chapter}"] = asdict(outcome)
     _save_state(work, state)
     if tasks:
+        jobs = min(settings.jobs, len(tasks))  # a worker more than there are submissions would only start up
+        tasks = _in_chapter_order(tasks, jobs if settings.scheduler is None else 1)
         done = 0
         try:
-            with cluster.workers(settings.scheduler, settings.jobs) as client:
+            with cluster.workers(settings.scheduler, jobs) as client:
                 submit = _submitter(client, cluster.package_digest() if settings.scheduler else None)
                 running = {submit(task): task for task in tasks}
                 with tqdm(total=len(running), desc="grading", unit="submission") as progress:
@@ -166,6 +188,16 @@ def grade_class(settings: Settings) -> list[Outcome]:
             raise cluster.Stopped(f"{exc} ({done} of {len(tasks)} submissions done before it are kept; "
                                   "run again to grade the rest)") from None
     return sorted(outcomes, key=lambda o: (o.chapter, o.student))
+
+
+def _in_chapter_order(tasks: list, workers: int) -> list:
+    """``tasks`` by chapter, then student (Dask starts them in the order they are submitted), so that a worker's
+    kernel started ahead is for the chapter it grades next; none is started ahead where fewer than
+    ``workers`` submissions of the chapter are left behind a task."""
+    tasks = sorted(tasks, key=lambda task: (task[0].chapter, task[0].student))
+    chapters = [pair.chapter for pair, *_ in tasks]
+    return [(pair, dataclasses.replace(job, start_next=chapters[i + 1:].count(pair.chapter) >= workers), *rest)
+            for i, (pair, job, *rest) in enumerate(tasks)]
 
 
 def _submitter(client, digest: str | None):
@@ -238,7 +270,7 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
                          "regions or hidden tests): not graded", digest=digest)
     release = nbformat.read(_released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
-    job = worker.Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
+    job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
                      settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_chars,
                      settings.sandbox)

@@ -102,14 +102,15 @@ class WarmKernels:
         # thread that launched it (the launcher's parent-death signal), which must not be a passing one.
         self.launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-launcher")
 
-    def take(self, chapter: str) -> AsyncKernelManager:
-        """A started kernel for ``chapter``, the one that has waited longest; the next ones start now.
-        ``KernelFault`` if it does not pass the probe (it is killed then)."""
+    def take(self, chapter: str, start_next: bool = True) -> AsyncKernelManager:
+        """A started kernel for ``chapter``, the one that has waited longest; the next ones start now
+        (``start_next``: more of the chapter will follow). ``KernelFault`` if it does not pass the probe (it is
+        killed then)."""
         if chapter != self.chapter:  # the batch moved on to another chapter
             self._drop()
             self.chapter = chapter
         kernel = self.waiting.pop(0) if self.waiting else self._start(chapter)
-        while len(self.waiting) < self.ahead:
+        while start_next and len(self.waiting) < self.ahead:
             self.waiting.append(self._start(chapter))
         try:
             probe(kernel)

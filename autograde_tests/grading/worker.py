@@ -40,7 +40,6 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -48,25 +47,12 @@ import psutil
 
 from .. import nbgrader_course
 from . import cgroups
+from .batch import Job
 from .kernels import KernelFault, WarmKernels, kill, terminate
 
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters (malloc.h)
 MMAP_BYTES = 256 * 2**10  # a buffer at least this large is mapped on its own (glibc's default starts at 128 KiB)
 TRIM_BYTES = 2**20  # free memory at the heap's top beyond this is given back
-
-
-@dataclass(frozen=True)
-class Job:
-    student: str
-    chapter: str
-    notebook: str  # the rebuilt submission (JSON)
-    config: str  # the course's nbgrader_config.py
-    solution: str  # the chapter's instructor notebook (JSON)
-    timeout: int  # seconds for the whole submission
-    cell_timeout: int
-    memory_bytes: int
-    output_chars: int
-    sandbox: bool
 
 
 class _Worker:
@@ -103,6 +89,7 @@ class _Worker:
             own = f'\nc.CourseDirectory.db_url = "sqlite:///{course / "gradebook.db"}"\n'
             (course / "nbgrader_config.py").write_text(job.config + own)
             (course / "solutions" / job.chapter / f"{job.chapter}.ipynb").write_text(job.solution)
+            nbgrader_course.start_gradebook(course)
             nbgrader_course.run(nbgrader_course.api(course).generate_assignment(job.chapter, force=True))
             self.courses[key] = course
         return self.courses[key]
@@ -112,7 +99,7 @@ class _Worker:
             if self.kernels is not None:
                 self.kernels.close()
             self.kernels = WarmKernels(self.root, job.memory_bytes, job.sandbox)
-        return self.kernels.take(job.chapter)
+        return self.kernels.take(job.chapter, job.start_next)
 
 
 _worker: _Worker | None = None  # made by the first task a worker process runs
