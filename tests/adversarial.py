@@ -511,6 +511,32 @@ def online_softmax(chunks):
     m = torch.stack([x.amax(dim=-1) for x in chunks], dim=-1).amax(dim=-1, keepdim=True)
     return m, sum(torch.exp(x - m).sum(dim=-1, keepdim=True) for x in chunks)
 '''
+# Two right readings of a stream of chunks, each taking every chunk once, in order: full marks.
+ONLINE_BY_NEXT = '''
+def online_softmax(chunks):
+    m = l = None
+    while True:
+        try:
+            x = next(chunks)
+        except StopIteration:
+            return m, l
+        m_new = x.amax(dim=-1, keepdim=True) if m is None else torch.maximum(m, x.amax(dim=-1, keepdim=True))
+        terms = torch.exp(x - m_new).sum(dim=-1, keepdim=True)
+        l = terms if l is None else l * torch.exp(m - m_new) + terms
+        m = m_new
+'''
+ONLINE_FIRST_THEN_THE_REST = '''
+def online_softmax(chunks):
+    chunks = iter(chunks)
+    first = next(chunks)
+    m = first.amax(dim=-1, keepdim=True)
+    l = torch.exp(first - m).sum(dim=-1, keepdim=True)
+    for x in chunks:
+        m_new = torch.maximum(m, x.amax(dim=-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(x - m_new).sum(dim=-1, keepdim=True)
+        m = m_new
+    return m, l
+'''
 WATCHER_REPLACED = '''
 import autograde_tests.checks.beside as b
 _watched = b.watched
@@ -548,6 +574,9 @@ LATER = [
         "tiled_attention", *ON_A_FIXED_DEVICE), after="imports"), 9, chapter=AT_SCALE),
     Case("two_passes_watcher_replaced_07", and_cell(WATCHER_REPLACED, replaced("online_softmax", TWO_PASSES),
                                                      after="imports"), 9, chapter=AT_SCALE),
+    Case("online_softmax_by_next_07", replaced("online_softmax", ONLINE_BY_NEXT), 9, chapter=AT_SCALE),
+    Case("online_softmax_first_then_the_rest_07", replaced("online_softmax", ONLINE_FIRST_THEN_THE_REST), 9,
+         chapter=AT_SCALE),
     links_to_the_instructors(AT_SCALE),
     *resource_cases(AT_SCALE),
 ]

@@ -42,8 +42,34 @@ def online_softmax_column_by_column(chunks):
     return m, l
 
 
+def online_softmax_by_next_until_exhausted(chunks):
+    m = l = None
+    while True:
+        try:
+            x = next(chunks)
+        except StopIteration:
+            return m, l
+        m_new = x.amax(-1, keepdim=True) if m is None else torch.maximum(m, x.amax(-1, keepdim=True))
+        terms = torch.exp(x - m_new).sum(-1, keepdim=True)
+        l = terms if l is None else l * torch.exp(m - m_new) + terms
+        m = m_new
+
+
+def online_softmax_first_chunk_then_the_rest(chunks):
+    chunks = iter(chunks)
+    first = next(chunks)
+    m = first.amax(-1, keepdim=True)
+    l = torch.exp(first - m).sum(-1, keepdim=True)
+    for x in chunks:
+        m_new = torch.maximum(m, x.amax(-1, keepdim=True))
+        l = l * torch.exp(m - m_new) + torch.exp(x - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return m, l
+
+
 @pytest.mark.parametrize("online_softmax",
-                         [reference_online_softmax, online_softmax_in_log_space, online_softmax_column_by_column])
+                         [reference_online_softmax, online_softmax_in_log_space, online_softmax_column_by_column,
+                          online_softmax_by_next_until_exhausted, online_softmax_first_chunk_then_the_rest])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_online_softmax_check_passes_correct_variants(online_softmax, hidden, capsys):
     check_online_softmax(online_softmax, hidden=hidden)
@@ -91,6 +117,12 @@ def online_softmax_in_two_passes(chunks):
     return m, l
 
 
+def online_softmax_in_two_passes_over_a_kept_list(chunks):
+    chunks = list(chunks)
+    m = torch.stack([x.amax(-1) for x in chunks], dim=-1).amax(-1, keepdim=True)
+    return m, sum(torch.exp(x - m).sum(-1, keepdim=True) for x in chunks)
+
+
 def online_softmax_joining_the_chunks(chunks):
     x = torch.cat(list(chunks), dim=-1)
     m = x.amax(-1, keepdim=True)
@@ -134,6 +166,7 @@ def online_softmax_returning_the_weights(chunks):
         (online_softmax_overwriting_the_maximum_first, r"not rescaled .* maximum was overwritten before"),
         (online_softmax_rescaling_the_wrong_way, r"rescaled the wrong way, by exp\(m_new - m_old\)"),
         (online_softmax_in_two_passes, r"reads the chunks 2 times"),
+        (online_softmax_in_two_passes_over_a_kept_list, r"went back to chunk 0 after chunk 2: a second pass"),
         (online_softmax_joining_the_chunks, r"joined the chunks into whole rows: a float32 tensor of shape \(2, 3, 12\)"),
         (online_softmax_without_the_maximum, r"l is inf or NaN for scores around \+800"),
         (online_softmax_without_keepdim, r"m has shape \(2, 3\), expected \(2, 3, 1\)"),

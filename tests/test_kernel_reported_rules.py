@@ -39,7 +39,8 @@ from .test_04_ffn_layernorm_residual_checks import (
     conv_with_wide_kernels,
 )
 from .test_06_decoder_only_checks import make_generate
-from .test_07_attention_at_scale_checks import naive_attention, online_softmax_in_two_passes
+from .test_07_attention_at_scale_checks import (naive_attention, online_softmax_in_two_passes,
+                                                online_softmax_in_two_passes_over_a_kept_list)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -160,6 +161,11 @@ def test_patching_the_watcher_gains_nothing_in_a_graded_run(monkeypatch, capsys)
 def test_two_passes_over_the_chunks_are_a_note_in_a_graded_run(capsys):
     passes_with_a_note(check_online_softmax, graded(online_softmax_in_two_passes, "07_attention_at_scale"),
                        "reads the chunks 2 times", capsys)
+
+
+def test_a_second_pass_over_kept_chunks_is_a_note_in_a_graded_run(capsys):
+    passes_with_a_note(check_online_softmax, graded(online_softmax_in_two_passes_over_a_kept_list,
+                                                    "07_attention_at_scale"), "went back to chunk 0", capsys)
 
 
 # -------------------------------------------------------------------------------- chapter 4

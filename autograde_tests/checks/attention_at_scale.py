@@ -13,7 +13,8 @@ The verdicts are taken here, from those numbers:
   runs, no tensor as large as the whole rows while ``online_softmax`` runs;
 - the work bound: causal ``tiled_attention`` creates about half the elements of the same call without the
   mask, as skipping the tiles above the diagonal does;
-- one pass: ``online_softmax`` is given its chunks as an iterator and may read it once.
+- one pass: ``online_softmax`` is given its chunks as an iterator; it may take each chunk once, and never
+  go back to an earlier chunk once it has used a later one.
 """
 
 import math
@@ -122,6 +123,10 @@ ONLINE_MISTAKES = [
 ]
 
 
+ONE_PASS = ("in one loop over the chunks, keep a running maximum m and a running sum l, rescaling l by "
+            "exp(m_old - m_new) whenever the maximum grows.")
+
+
 def check_online_softmax(online_softmax, hidden: bool = False) -> None:
     """Check a learner's ``online_softmax(chunks) -> (m, l)``: the row maximum and sum(exp(x - m)), one pass."""
     name = "online_softmax"
@@ -136,14 +141,6 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         chunks = [c.clone() for c in x.split(case.sizes, dim=-1)]
         report = _watch(name, online_softmax, (chunks,), read_once=True)
         _expect_unmodified(name, report, ("chunks",))
-        if report["reads"] != 1:
-            kernel_reported(
-                name,
-                online_softmax,
-                f"reads the chunks {report['reads']} times; they come as a stream, which an online softmax reads once",
-                "in one loop over the chunks, keep a running maximum m and a running sum l, rescaling l "
-                "by exp(m_old - m_new) whenever the maximum grows.",
-            )
         elements, what = _largest(report)
         if elements >= x.numel() and x.dim() > 0 and len(case.sizes) > 1:
             kernel_reported(name, online_softmax, f"joined the chunks into whole rows: {what} is as large as all the "
@@ -155,6 +152,18 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         m, l = result
         expect_tensor(name, "m", m, expected_m.shape, like=x)
         expect_tensor(name, "l", l, expected_l.shape, like=x)
+        if report["reads"] != 1:
+            kernel_reported(
+                name,
+                online_softmax,
+                f"reads the chunks {report['reads']} times; they come as a stream, which an online softmax reads once",
+                ONE_PASS,
+            )
+        elif isinstance(report.get("went_back"), list) and len(report["went_back"]) == 2:
+            earlier, later = report["went_back"]
+            kernel_reported(name, online_softmax, f"went back to chunk {earlier} after chunk {later}: a second pass "
+                            "over chunks it kept; they come as a stream, which an online softmax reads once, in order",
+                            ONE_PASS)
         if not torch.isfinite(l).all():
             fail(name, f"l is inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
                  "subtract the running maximum before exp: sum(exp(chunk - m_new)).")

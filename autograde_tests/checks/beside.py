@@ -151,12 +151,18 @@ class _Created(TorchDispatchMode):
     """Watches every tensor the operators of a call create (views make none): the largest, and the
     elements made in all, the call's work in a unit that needs no list of operators."""
 
-    def __init__(self):
+    def __init__(self, stream: "_Stream | None" = None):
         super().__init__()
         self.largest: dict | None = None
         self.elements = 0
+        self.stream = stream  # whose items' reads are recorded too
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.stream is not None:
+            for arg in (*args, *(kwargs or {}).values()):
+                for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+                        self.stream.used(t)
         out = func(*args, **(kwargs or {}))
         if not func.is_view:
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
@@ -168,22 +174,48 @@ class _Created(TorchDispatchMode):
         return out
 
 
-class _CountedReads:
-    """Items handed over as an iterator that counts how often it is read. A second read finds every item
-    again, so the values a second pass computes are right and the count alone tells (a note in a graded run,
-    where the kernel could hand over a list instead: what it does must not change a value)."""
+class _Stream:
+    """Items handed over as an iterator that records how they were read: how many times they were handed
+    out, and the first time an operator used an item again after a later one (``order``: the items' memory).
+    A pass over the exhausted stream finds every item again, so the values a second pass computes are right
+    and the record alone tells (a note in a graded run, where the kernel could hand over a list instead: what
+    it does must not change a value)."""
 
     def __init__(self, items):
         self.items = list(items)
         self.stream = iter(self.items)
-        self.reads = 0
+        self.handed = 0
+        self.exhausted = False
+        self.latest = -1  # the latest item an operator used
+        self.went_back: list[int] | None = None  # [earlier item, later item], first time it happened
 
     def __iter__(self):
-        self.reads += 1
-        return self if self.reads == 1 else iter(self.items)
+        if self.exhausted:
+            self.stream, self.exhausted = iter(self.items), False
+        return self
 
     def __next__(self):
-        return next(self.stream)
+        try:
+            item = next(self.stream)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.handed += 1
+        return item
+
+    @property
+    def passes(self) -> int:
+        return -(-self.handed // len(self.items)) if self.items else 1
+
+    def used(self, tensor: torch.Tensor) -> None:
+        """An operator read ``tensor``: note it if it lies in an item earlier than one used before."""
+        address = tensor.data_ptr()
+        for i, item in enumerate(self.items):
+            if item.data_ptr() <= address < item.data_ptr() + max(item.numel() * item.element_size(), 1):
+                if i < self.latest and self.went_back is None:
+                    self.went_back = [i, self.latest]
+                self.latest = max(self.latest, i)
+                return
 
 
 def watched(fn, args: tuple, kwargs: dict, read_once: bool = False) -> dict:
@@ -191,13 +223,16 @@ def watched(fn, args: tuple, kwargs: dict, read_once: bool = False) -> dict:
 
     Returns the result; the largest tensor created (elements, shape, dtype, operator; None if none was);
     the elements created in all; which arguments it changed in place (their positions); and, with
-    ``read_once`` (the first argument, a list, handed over as an iterator), how often it was read.
+    ``read_once`` (the first argument, a list, handed over as an iterator), how many passes read it and
+    ``went_back``: the first [earlier, later] pair of items where an operator used an item again after a
+    later one (None if none).
     """
     before = [[t.clone() for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)] for a in args]
-    handed = (_CountedReads(args[0]), *args[1:]) if read_once else args
-    with _Created() as created:
+    stream = _Stream(args[0]) if read_once else None
+    handed = (stream, *args[1:]) if read_once else args
+    with _Created(stream) as created:
         result = fn(*handed, **kwargs)
     now = [[t for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)] for a in args]
     modified = [i for i, (old, new) in enumerate(zip(before, now)) if not all(map(torch.equal, old, new))]
     return {"result": result, "largest": created.largest, "elements": created.elements, "modified": modified,
-            "reads": handed[0].reads if read_once else 1}
+            "reads": stream.passes if stream else 1, "went_back": stream.went_back if stream else None}
