@@ -350,14 +350,21 @@ def test_gpt_check_names_the_mistake(GPT, message):
         check_gpt(GPT)
 
 
-def test_gpt_check_finds_a_cache_mistake_in_the_learners_own_blocks(monkeypatch):
-    class GPTWithBadBlocks(R.GPT):
+class RMSNormWithoutTheWeight(R.RMSNorm):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):
+    """One mistake costs one exercise: the blocks and the final norm have checks of their own."""
+    class GPTWithBadBlocksAndNorm(R.GPT):
         def __init__(self, vocab, d_model, n_heads, n_layers, d_ff):
             super().__init__(vocab, d_model, n_heads, n_layers, d_ff)
             self.blocks = nn.ModuleList(BlockMaskBlindToCache(d_model, n_heads, d_ff) for _ in range(n_layers))
+            self.norm = RMSNormWithoutTheWeight(d_model)
 
-    with pytest.raises(AssertionError, match="decoding with the cache, one token at a time"):
-        check_gpt(GPTWithBadBlocks)
+    check_gpt(GPTWithBadBlocksAndNorm, hidden=True)
+    assert "✔ GPT" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------ lm_loss

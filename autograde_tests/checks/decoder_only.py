@@ -15,8 +15,8 @@ implementation per entry):
                     applied after softmax; the cache not used
 
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
-be: the GPT check compares numbers with stand-in blocks (``stand_ins``) in place of the learner's, and the
-loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
+be: the GPT check runs every case with stand-in blocks (``stand_ins``) and PyTorch's RMSNorm in place
+of the learner's, and the loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
 a token is drawn: ``torch.multinomial(probs, 1, generator=generator)`` on the final probabilities.
 """
 
@@ -439,8 +439,8 @@ MODEL_HINT = (
     "DecoderBlock), norm (RMSNorm(d_model)) and head (nn.Linear(d_model, vocab, bias=False))."
 )
 STAND_IN_NOTE = (
-    " (this comparison runs your GPT with simple stand-in blocks in place of your DecoderBlocks, so the "
-    "difference comes from GPT itself)"
+    " (this comparison runs your GPT with simple stand-in blocks and PyTorch's nn.RMSNorm in place of "
+    "your DecoderBlocks and final RMSNorm, so the difference comes from GPT itself)"
 )
 
 
@@ -497,7 +497,8 @@ def _logits_and_cache(name, result, shape, like):
 
 def check_gpt(GPT, hidden: bool = False) -> None:
     """Check a learner's ``GPT(vocab, d_model, n_heads, n_layers, d_ff)``: ``forward(idx, cache=None)`` returns
-    (logits, cache); uncached and cached, then causality and cache consistency with the learner's own blocks."""
+    (logits, cache); uncached and cached, then causality, cache consistency and gradients. Every case runs with
+    stand-ins lent in place of the learner's blocks and final RMSNorm: one mistake there costs only its own check."""
     name = "GPT"
     cases = HIDDEN_MODEL if hidden else VISIBLE_MODEL
     seed = 6400 if hidden else 640
@@ -510,24 +511,39 @@ def check_gpt(GPT, hidden: bool = False) -> None:
             idx64 = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed + i).generator)
             state = _stand_in_state(case, seed + i)
             swapped = copy.deepcopy(reference)
-            swapped.blocks = stand_ins.stand_in_blocks(state)
+            swapped.blocks, swapped.norm = stand_ins.stand_in_blocks(state), _torch_rms_norm(reference.norm)
             for device, dtype in grid():
                 model = copy.deepcopy(learner64).to(device=device, dtype=dtype)
                 copy_weights(name, model, reference, MODEL_HINT)
-                model.blocks = make_beside(model, nn.ModuleList,
-                                           [lend(model, block) for block in stand_ins.stand_in_blocks(state)])
-                model = model.to(device=device, dtype=dtype)
+                model = _with_stand_ins(model, swapped).to(device=device, dtype=dtype)
                 with torch.no_grad(), default_dtype(dtype):
                     _check_model_case(name, model, swapped, idx64, case, device, dtype)
                 count += 1
+            copy_weights(name, learner64, reference, MODEL_HINT)
+            model = _with_stand_ins(copy.deepcopy(learner64), swapped)
             with torch.no_grad():
-                _expect_properties(name, learner64, idx64, case)
-            _expect_gradients(name, learner64, reference, idx64, seed + i)
+                _expect_properties(name, model, idx64, case)
+            _expect_gradients(name, model, swapped, idx64, seed + i)
         case = cases[0]
         model = construct(name, GPT, case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff).double()
         idx = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed).generator)
         expect_device_agnostic(name, copy.deepcopy(model).to("meta"), (idx,))
     passed(name, count)
+
+
+def _torch_rms_norm(norm: ref.RMSNorm) -> nn.RMSNorm:
+    """PyTorch's RMSNorm with ``norm``'s weight and eps: a stand-in whose class the kernel can import."""
+    stand_in = nn.RMSNorm(norm.weight.shape[0], eps=norm.eps, dtype=norm.weight.dtype)
+    stand_in.load_state_dict(norm.state_dict())
+    return stand_in
+
+
+def _with_stand_ins(model, reference):
+    """The learner's GPT with ``reference``'s stand-in blocks and final norm lent in place of its own: GPT is
+    graded on its own, whatever the learner's DecoderBlock and RMSNorm do (they have checks of their own)."""
+    model.blocks = make_beside(model, nn.ModuleList, [lend(model, copy.deepcopy(b)) for b in reference.blocks])
+    model.norm = lend(model, copy.deepcopy(reference.norm))
+    return model
 
 
 def _check_model_case(name, model, reference, idx64, case: ModelCase, device, dtype) -> None:
@@ -549,13 +565,14 @@ def _check_model_case(name, model, reference, idx64, case: ModelCase, device, dt
 
 
 def _expect_properties(name, model, idx, case: ModelCase) -> None:
-    """With the learner's own blocks: causal, and cached decoding gives the logits of uncached decoding."""
+    """With stand-in blocks and norm: causal, and cached decoding gives the logits of uncached decoding, which
+    rests on what GPT itself does with the positions and the caches."""
     full, _ = call(name, model, idx)
     changed = idx.clone()
     changed[:, case.split:] = (changed[:, case.split:] + 1) % case.vocab
     if not close(call(name, model, changed)[0][:, : case.split], full[:, : case.split]):
         fail(name, f"the model can see the future: changing the tokens from position {case.split} on changed the "
-             f"logits before {case.split}", "each DecoderBlock must mask its scores causally.")
+             f"logits before {case.split}{STAND_IN_NOTE}", "only the blocks, which are causal, may mix tokens.")
     logits, cache = call(name, model, idx[:, : case.split])
     steps = [logits]
     for t in range(case.split, case.length):
@@ -563,15 +580,17 @@ def _expect_properties(name, model, idx, case: ModelCase) -> None:
         steps.append(logits)
     if not close(torch.cat(steps, dim=1), full):
         fail(name, f"decoding with the cache, one token at a time after the first {case.split}, gives other logits "
-             "than running the whole sequence at once",
-             "with your own DecoderBlocks: rotate the new tokens at their true positions, append the cache along "
-             "time (dim 2), and let each new token see every cached one.")
+             f"than running the whole sequence at once{STAND_IN_NOTE}",
+             "give the new tokens the positions after the cached ones (past, past + 1, ...), hand each block its "
+             "own cache, and return each block's new cache in the same order.")
 
 
 def _expect_gradients(name, model, reference, idx, seed: int) -> None:
-    """With the learner's own blocks and the reference's weights: every parameter gets the reference's gradient."""
+    """With stand-in blocks and norm and the reference's weights: GPT's own parameters (the embedding and the
+    head) get the reference's gradients."""
     upstream = Inputs(seed + 900).randn(*idx.shape, reference.head.out_features)
-    expected = beside.parameter_gradients(reference, (idx,), upstream)["gradients"]
+    expected = {key: grad for key, grad in beside.parameter_gradients(reference, (idx,), upstream)["gradients"].items()
+                if not key.startswith(("blocks.", "norm."))}
     actual = learner_step(name, lambda: run_beside(beside.parameter_gradients, model, (idx,), upstream), (idx,))
     if "error" in actual:
         fail(name, f"the logits are not connected to the autograd graph ({actual['error']})",
