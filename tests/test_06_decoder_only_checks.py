@@ -130,6 +130,14 @@ def rotary_feature_frequencies(x, positions, base=10000.0):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def rotary_consecutive_from_the_first(x, positions, base=10000.0):
+    return R.apply_rotary(x, positions[0] + torch.arange(x.size(-2), device=x.device), base)
+
+
+def rotary_ignoring_the_base(x, positions, base=10000.0):
+    return R.apply_rotary(x, positions)
+
+
 @pytest.mark.parametrize("apply_rotary", [R.apply_rotary, rotary_complex, rotary_rotate_half])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys):
@@ -142,10 +150,16 @@ def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys
     (rotary_backwards, "turns the pairs the wrong way"),
     (rotary_from_zero, "positions argument is ignored"),
     (rotary_feature_frequencies, "the frequencies use the feature index i"),
+    (rotary_consecutive_from_the_first, r"only the first position is used: .* need not be consecutive"),
 ])
 def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
     with pytest.raises(AssertionError, match=message):
         check_apply_rotary(apply_rotary)
+
+
+def test_apply_rotary_hidden_cases_name_a_base_that_is_ignored():
+    with pytest.raises(AssertionError, match="the base argument is ignored: the frequencies use 10000"):
+        check_apply_rotary(rotary_ignoring_the_base, hidden=True)
 
 
 # ------------------------------------------------------------------------ DecoderBlock

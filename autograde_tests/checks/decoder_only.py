@@ -5,7 +5,8 @@ The chapter's catalogued mistakes, each named by the check it belongs to (the te
 implementation per entry):
     RMSNorm         subtracting the mean (a LayerNorm without bias); eps outside the square root; no weight
     apply_rotary    rotating the wrong pairs (interleaved (2i, 2i + 1) instead of the course's half-split
-                    (i, i + d_k/2)); rotating the wrong way; ignoring the positions; one frequency per feature
+                    (i, i + d_k/2)); rotating the wrong way; ignoring the positions; only the first position
+                    used (the rest taken as consecutive); ignoring the base; one frequency per feature
     DecoderBlock    RoPE applied to v; RoPE on q only; positions restarting at 0 for cached tokens; the cache
                     appended on the wrong axis; a causal mask that ignores the cached tokens; no causal mask;
                     the FFN's gate and up projections swapped
@@ -166,12 +167,14 @@ class RotaryCase:
     d_k: int
     start: int  # positions start here (and are not contiguous when ``gaps``), as after a cache
     gaps: bool = False
+    base: float = 10000.0  # passed as ``base=`` when it is not the default
 
 
-VISIBLE_ROTARY = [RotaryCase(2, 3, 5, 8, start=4), RotaryCase(1, 2, 6, 6, start=0, gaps=True)]
-HIDDEN_ROTARY = [RotaryCase(3, 2, 4, 12, start=9), RotaryCase(2, 4, 7, 4, start=1, gaps=True),
-                 RotaryCase(1, 1, 3, 16, start=17)]
-HALF_SPLIT = "the course pairs feature i with feature i + d_k/2 (LLaMA's half-split), x1 = x[..., :d_k//2], x2 = x[..., d_k//2:]"
+VISIBLE_ROTARY = [RotaryCase(2, 3, 5, 8, start=4), RotaryCase(1, 2, 6, 6, start=3, gaps=True)]
+HIDDEN_ROTARY = [RotaryCase(3, 2, 4, 12, start=9), RotaryCase(2, 4, 7, 4, start=1, gaps=True, base=500.0),
+                 RotaryCase(1, 1, 3, 16, start=17, base=1e6)]
+HALF_SPLIT = ("the course pairs feature i with feature i + d_k/2 (the half-split of GPT-NeoX and Hugging Face's "
+              "rotate_half), x1 = x[..., :d_k//2], x2 = x[..., d_k//2:]")
 
 
 def _positions(case: RotaryCase, seed: int) -> torch.Tensor:
@@ -181,10 +184,10 @@ def _positions(case: RotaryCase, seed: int) -> torch.Tensor:
     return torch.arange(case.start, case.start + case.length)
 
 
-def _rotate(x, positions, pairs="half", direction=1.0, exponent=2.0):
+def _rotate(x, positions, base, pairs="half", direction=1.0, exponent=2.0):
     """RoPE with one thing changed: which features pair up, which way they turn, the frequencies."""
     d_k = x.size(-1)
-    theta = 10000.0 ** (-torch.arange(d_k // 2, dtype=torch.float64) * exponent / d_k)
+    theta = base ** (-torch.arange(d_k // 2, dtype=torch.float64) * exponent / d_k)
     angle = positions.to(torch.float64)[:, None] * theta
     cos, sin = angle.cos(), direction * angle.sin()
     x1, x2 = (x[..., : d_k // 2], x[..., d_k // 2:]) if pairs == "half" else (x[..., 0::2], x[..., 1::2])
@@ -196,31 +199,46 @@ def _rotate(x, positions, pairs="half", direction=1.0, exponent=2.0):
 
 ROTARY_MISTAKES = [
     Mistake(
-        f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), the RoPE paper's interleaved notation; {HALF_SPLIT}",
+        f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), as the RoPE paper and Meta's LLaMA code "
+        f"pair them; {HALF_SPLIT}",
         "rotate (x1, x2) with x1 = x[..., :d_k // 2] and x2 = x[..., d_k // 2:], and concatenate the two results.",
-        lambda x, positions: _rotate(x, positions, pairs="interleaved"),
+        lambda x, positions, base: _rotate(x, positions, base, pairs="interleaved"),
     ),
     Mistake(
         "RoPE turns the pairs the wrong way (the sines have the wrong sign)",
         "(x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin).",
-        lambda x, positions: _rotate(x, positions, direction=-1.0),
+        lambda x, positions, base: _rotate(x, positions, base, direction=-1.0),
     ),
     Mistake(
         "the positions argument is ignored: the tokens are rotated as if they were at 0, 1, 2, ... (positions "
         "restarting at 0, which breaks every token after a cache)",
         "use the positions you are given: angle = positions[:, None] * theta.",
-        lambda x, positions: _rotate(x, torch.arange(x.size(-2))) if not torch.equal(positions, torch.arange(x.size(-2))) else None,
+        lambda x, positions, base: (_rotate(x, torch.arange(x.size(-2)), base)
+                                    if not torch.equal(positions, torch.arange(x.size(-2))) else None),
+    ),
+    Mistake(
+        "only the first position is used: the tokens are rotated as if they were at positions[0], positions[0] + 1, "
+        "...; the positions given need not be consecutive",
+        "use every position you are given: angle = positions[:, None] * theta.",
+        lambda x, positions, base: (_rotate(x, positions[0] + torch.arange(x.size(-2)), base)
+                                    if not torch.equal(positions, positions[0] + torch.arange(x.size(-2))) else None),
+    ),
+    Mistake(
+        "the base argument is ignored: the frequencies use 10000 whatever base is given",
+        "theta = base ** (-torch.arange(0, d_k, 2) / d_k), with the base you are given.",
+        lambda x, positions, base: _rotate(x, positions, 10000.0) if base != 10000.0 else None,
     ),
     Mistake(
         "the frequencies use the feature index i instead of 2i: theta_i = base^(-i/d_k), where RoPE's is base^(-2i/d_k)",
         "theta = base ** (-torch.arange(0, d_k, 2) / d_k), one frequency per pair.",
-        lambda x, positions: _rotate(x, positions, exponent=1.0),
+        lambda x, positions, base: _rotate(x, positions, base, exponent=1.0),
     ),
 ]
 
 
 def check_apply_rotary(apply_rotary, hidden: bool = False) -> None:
-    """Check a learner's ``apply_rotary(x, positions, base=10000.0)`` on (B, h, T, d_k) tensors."""
+    """Check a learner's ``apply_rotary(x, positions, base=10000.0)`` on (B, h, T, d_k) tensors; hidden cases
+    give ``base`` other values."""
     name = "apply_rotary"
     cases = HIDDEN_ROTARY if hidden else VISIBLE_ROTARY
     seed = 6200 if hidden else 620
@@ -228,11 +246,13 @@ def check_apply_rotary(apply_rotary, hidden: bool = False) -> None:
     def check_case(i: int, case: RotaryCase, device, dtype) -> None:
         x64 = Inputs(seed + i).randn(case.batch, case.heads, case.length, case.d_k)
         positions = _positions(case, seed + i)
-        expected = ref.apply_rotary(x64, positions)
+        expected = ref.apply_rotary(x64, positions, case.base)
+        base = {} if case.base == 10000.0 else {"base": case.base}
         with default_dtype(dtype):
-            out = output_like_input(name, apply_rotary, x64.to(device=device, dtype=dtype), positions.to(device))
+            out = output_like_input(name, apply_rotary, x64.to(device=device, dtype=dtype), positions.to(device), **base)
         if not close(out, expected):
-            name_the_mistake(name, "the rotated tensor", out, expected, candidates(ROTARY_MISTAKES, x64, positions))
+            name_the_mistake(name, f"the rotated tensor (base={case.base:g})", out, expected,
+                             candidates(ROTARY_MISTAKES, x64, positions, case.base))
 
     def on_meta() -> None:
         case = cases[0]
@@ -277,7 +297,8 @@ def _block(block, x, positions, cache, rope="half", rotate_v=False, rotate_k=Tru
     h = block.attn_norm(x)
     q, k, v = (w(h).view(B, T, block.n_heads, block.d_k).transpose(1, 2) for w in (block.w_q, block.w_k, block.w_v))
     where = torch.arange(T) if restart else positions
-    rotate = (lambda t: _rotate(t, where, pairs="interleaved")) if rope == "interleaved" else (lambda t: ref.apply_rotary(t, where))
+    rotate = ((lambda t: _rotate(t, where, 10000.0, pairs="interleaved")) if rope == "interleaved"
+              else (lambda t: ref.apply_rotary(t, where)))
     q = rotate(q)
     k = rotate(k) if rotate_k else k
     v = rotate(v) if rotate_v else v

@@ -12,8 +12,8 @@ Shapes, batch first: token ids ``idx`` (B, T), states (B, T, d_model), per-head 
 Masks are boolean, ``True`` = may attend. A block's cache is a tuple ``(k, v)``, each (B, h, T_past, d_k),
 the keys already rotated; a model's cache is a list with one such tuple per block.
 
-RoPE convention: the half-split pairing of LLaMA's and Hugging Face's ``rotate_half``: feature i is paired
-with feature i + d_k/2 (not with its neighbour 2i + 1, as in the RoPE paper's interleaved notation).
+RoPE convention: the half-split pairing of GPT-NeoX and Hugging Face's ``rotate_half``: feature i is paired
+with feature i + d_k/2 (not with its neighbour 2i + 1, as in the RoPE paper and Meta's LLaMA code).
 The two conventions are the same model up to a fixed permutation of q's and k's features, but weights
 trained with one do not work with the other.
 """
