@@ -259,6 +259,23 @@ class BlockMaskBlindToCache(BlockBase):
         return torch.ones(T, total, dtype=torch.bool, device=device).tril()
 
 
+class BlockChapter3Mask(BlockBase):
+    """Chapter 3's (T, T) causal mask, which cannot be laid over T_past + T keys."""
+
+    def allowed(self, T, total, device):
+        return torch.ones(T, T, device=device).tril().bool()
+
+
+class BlockCacheOfTheNewTokensOnly(BlockBase):
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k_new, v_new = self.project(self.attn_norm(x), positions)
+        k, v = self.append(cache, k_new, v_new) if cache is not None else (k_new, v_new)
+        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
+        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
+        return x + self.ffn(self.ffn_norm(x)), (k_new, v_new)
+
+
 class BlockNoMask(BlockBase):
     def allowed(self, T, total, device):
         return None
@@ -284,11 +301,21 @@ def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsy
     (BlockCacheOnHeads, "the cache is appended on the wrong axis"),
     (BlockMaskBlindToCache, "the causal mask ignores the cached tokens"),
     (BlockNoMask, "no causal mask"),
+    (BlockChapter3Mask, r"It fails only when given cached tokens \(with an empty cache it runs\): with T_past"),
+    (BlockCacheOfTheNewTokensOnly, "the cache returned holds only the new tokens' keys and values"),
     (BlockGateSwapped, "gate and up projections are swapped"),
 ])
 def test_decoder_block_check_names_the_mistake(DecoderBlock, message):
     with pytest.raises(AssertionError, match=message):
         check_decoder_block(DecoderBlock)
+
+
+def test_an_error_only_with_a_cache_keeps_the_traceback_of_the_learners_code(learner_side):
+    """In the learner's notebook; a graded run's feedback shows the message alone."""
+    with pytest.raises(AssertionError) as failed:
+        check_decoder_block(BlockChapter3Mask)
+    if learner_side == "in-process":
+        assert any("in forward" in line for line in failed.value.learner_frames), failed.value.learner_frames
 
 
 # ------------------------------------------------------------------------ GPT

@@ -8,8 +8,9 @@ implementation per entry):
                     (i, i + d_k/2)); rotating the wrong way; ignoring the positions; only the first position
                     used (the rest taken as consecutive); ignoring the base; one frequency per feature
     DecoderBlock    RoPE applied to v; RoPE on q only; positions restarting at 0 for cached tokens; the cache
-                    appended on the wrong axis; a causal mask that ignores the cached tokens; no causal mask;
-                    the FFN's gate and up projections swapped
+                    appended on the wrong axis; only the new tokens returned as the cache; a causal mask that
+                    ignores the cached tokens; chapter 3's (T, T) mask, which fails only with cached tokens; no
+                    causal mask; the FFN's gate and up projections swapped
     GPT             positions restarting at 0 for cached tokens; no final norm; embeddings scaled by sqrt(d_model)
     lm_loss         loss not shifted; shifted the wrong way
     generate        softmax over the wrong axis; top-k applied after softmax without renormalising; temperature
@@ -288,6 +289,17 @@ CACHE_AXIS = (
     "the cache is appended on the wrong axis: keys and values grow along time, axis 2 of (B, h, T, d_k)",
     "k = torch.cat([cache[0], k], dim=2), and the same for v.",
 )
+CACHE_ONLY_NEW = (
+    "the cache returned holds only the new tokens' keys and values: it must hold every token's so far",
+    "append the new k and v to the cached ones (torch.cat([cache[0], k], dim=2)) and return the result.",
+)
+ONLY_WITH_A_CACHE = (
+    "It fails only when given cached tokens (with an empty cache it runs): with T_past cached tokens there are "
+    "T_past + T keys for T queries, so the scores are (T, T_past + T), and a mask or a shape that assumes T keys "
+    "breaks.",
+    "build the mask for T queries against T_past + T keys (query t sees keys 0 .. T_past + t) and append the "
+    "cache along time: k = torch.cat([cache[0], k], dim=2).",
+)
 
 
 def _block(block, x, positions, cache, rope="half", rotate_v=False, rotate_k=True, restart=False,
@@ -368,8 +380,9 @@ def _block_inputs(case: BlockCase, seed: int):
     return x, torch.arange(case.past, case.past + case.length), cache
 
 
-def _as_cache(name, cache, expected, where: str):
-    """The learner's cache must be a pair (k, v) of tensors shaped like the reference's."""
+def _as_cache(name, cache, expected, where: str, new_tokens: int):
+    """The learner's cache must be a pair (k, v) of tensors shaped like the reference's (``new_tokens`` of
+    its time axis are the call's own)."""
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
         fail(name, f"{where} should return its cache as a pair (k, v), got {type_name(cache)}",
              "return x, (k, v) with k and v of shape (B, h, T_past + T, d_k).")
@@ -377,7 +390,8 @@ def _as_cache(name, cache, expected, where: str):
         if not isinstance(got, torch.Tensor):
             fail(name, f"the cache's {what} should be a tensor, got {type_name(got)}")
         if tuple(got.shape) != tuple(want.shape):
-            problem, hint = CACHE_AXIS
+            only_new = (*want.shape[:2], new_tokens, *want.shape[3:])
+            problem, hint = CACHE_ONLY_NEW if tuple(got.shape) == only_new != tuple(want.shape) else CACHE_AXIS
             fail(name, f"{problem} (the cache's {what} have shape {tuple(got.shape)}, expected {tuple(want.shape)})", hint)
     return cache
 
@@ -408,7 +422,7 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
                          "return x, (k, v): the output and the new cache.")
                 out, new_cache = result
                 expect_tensor(name, "the output", out, expected.shape, like=x)
-                new_cache = _as_cache(name, new_cache, expected_cache, "forward")
+                new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length)
                 if not close(out, expected):
                     made = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
                     name_the_mistake(name, "the output", out, expected, made)
@@ -425,7 +439,8 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
 
 
 def _call_block(name, block, x, positions, cache):
-    """The block's forward; an error only when given a cache is most likely the cache's axis."""
+    """The block's forward. An error only when given a cache is told apart by a call with an empty cache: one
+    that runs points at the number of keys (a mask for T keys), one that fails at how the cache is appended."""
     if cache is None:
         return call(name, block, x, positions)
     try:
@@ -433,8 +448,13 @@ def _call_block(name, block, x, positions, cache):
     except AssertionError as error:
         if "raised" not in str(error):
             raise
-        problem, hint = CACHE_AXIS
-        fail(name, f"{str(error).removeprefix(name + ': ')}\nIt fails only when given a cache: is {problem}?", hint)
+        empty = tuple(t[:, :, :0] for t in cache)
+        try:
+            call(name, block, x, torch.arange(x.size(1), device=positions.device), empty)
+            problem, hint = ONLY_WITH_A_CACHE
+        except AssertionError:
+            problem, hint = f"It fails whenever it is given a cache, even an empty one: {CACHE_AXIS[0]}?", CACHE_AXIS[1]
+        fail(name, f"{str(error).removeprefix(name + ': ')}\n{problem}", hint, frames=error.learner_frames)
 
 
 # ------------------------------------------------------------------------------- GPT
