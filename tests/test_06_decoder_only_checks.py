@@ -63,6 +63,26 @@ class RMSNormUnscaled(R.RMSNorm):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
+class RMSNormWithoutEps(R.RMSNorm):
+    def forward(self, x):
+        return x / x.pow(2).mean(-1, keepdim=True).sqrt() * self.weight
+
+
+class RMSNormOfTheSum(R.RMSNorm):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + self.eps) * self.weight
+
+
+class RMSNormOverTheWholeTensor(R.RMSNorm):
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean() + self.eps) * self.weight
+
+
+class RMSNormFixedEps(R.RMSNorm):
+    def forward(self, x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
 class RMSNormDetached(R.RMSNorm):
     def forward(self, x):
         return x / torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
@@ -79,6 +99,10 @@ def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
     (RMSNormCentred, "RMSNorm subtracts the mean"),
     (RMSNormEpsOutside, "eps is added outside the square root"),
     (RMSNormUnscaled, "not scaled by the learnable weight"),
+    (RMSNormWithoutEps, "eps is left out"),
+    (RMSNormOfTheSum, "the root of the sum of squares, not of their mean"),
+    (RMSNormOverTheWholeTensor, "the mean square is taken over the whole tensor"),
+    (RMSNormFixedEps, "ignores its eps argument and uses 1e-6"),
     (RMSNormDetached, "the gradient with respect to `x` differs from the reference"),
 ])
 def test_rms_norm_check_names_the_mistake(RMSNorm, message):

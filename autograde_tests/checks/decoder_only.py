@@ -3,7 +3,9 @@ language-model loss and sampling.
 
 The chapter's catalogued mistakes, each named by the check it belongs to (the tests hold one buggy
 implementation per entry):
-    RMSNorm         subtracting the mean (a LayerNorm without bias); eps outside the square root; no weight
+    RMSNorm         subtracting the mean (a LayerNorm without bias); eps outside the square root; eps left
+                    out; the sum of squares instead of their mean; the mean over the whole tensor; no weight;
+                    eps ignored
     apply_rotary    rotating the wrong pairs (interleaved (2i, 2i + 1) instead of the course's half-split
                     (i, i + d_k/2)); rotating the wrong way; ignoring the positions; only the first position
                     used (the rest taken as consecutive); ignoring the base; one frequency per feature
@@ -72,10 +74,13 @@ HIDDEN_NORM = [NormCase((4, 3, 12), 1e-6, 2.0), NormCase((2, 7, 5), 0.1, 0.2), N
 NORM_HINT = "register the scale in __init__: self.weight = nn.Parameter(torch.ones(d_model)), and no bias."
 
 
-def _rms(x, eps, centred=False, outside=False):
+def _rms(x, eps, centred=False, outside=False, summed=False, every_axis=False):
     if centred:
         x = x - x.mean(dim=-1, keepdim=True)
-    mean_square = x.pow(2).mean(dim=-1, keepdim=True)
+    if every_axis:
+        mean_square = x.pow(2).mean()
+    else:
+        mean_square = x.pow(2).sum(dim=-1, keepdim=True) if summed else x.pow(2).mean(dim=-1, keepdim=True)
     return x / (mean_square.sqrt() + eps) if outside else x / torch.sqrt(mean_square + eps)
 
 
@@ -94,6 +99,21 @@ NORM_MISTAKES = [
         "the output is not scaled by the learnable weight",
         "multiply the normalised x by self.weight.",
         lambda x, norm: _rms(x, norm.eps),
+    ),
+    Mistake(
+        "eps is left out: x / sqrt(mean(x**2)); eps keeps the division safe when a row is close to zero",
+        "x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.",
+        lambda x, norm: _rms(x, 0.0) * norm.weight,
+    ),
+    Mistake(
+        "the root of the sum of squares, not of their mean: x / sqrt(sum(x**2) + eps)",
+        "mean over the last axis: x.pow(2).mean(dim=-1, keepdim=True).",
+        lambda x, norm: _rms(x, norm.eps, summed=True) * norm.weight,
+    ),
+    Mistake(
+        "the mean square is taken over the whole tensor, not over each row's last axis",
+        "x.pow(2).mean(dim=-1, keepdim=True): one root mean square per token.",
+        lambda x, norm: _rms(x, norm.eps, every_axis=True) * norm.weight,
     ),
     Mistake(
         "RMSNorm ignores its eps argument and uses 1e-6",
