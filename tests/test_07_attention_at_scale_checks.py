@@ -310,6 +310,18 @@ def per_head_full_scores(q, k, v, block_q, block_k, causal=False):
     return torch.stack(heads)
 
 
+def tiles_of_every_key(q, k, v, block_q, block_k, causal=False):
+    """Blocks of queries against all the keys at once: right values, block_k never used."""
+    outs = []
+    for i in range(0, q.size(-2), block_q):
+        s = q[..., i:i + block_q, :] @ k.mT / math.sqrt(q.size(-1))
+        if causal:
+            s = s.masked_fill(torch.arange(k.size(-2), device=q.device) > torch.arange(i, i + s.size(-2), device=q.device)[:, None],
+                              float("-inf"))
+        outs.append(torch.softmax(s, dim=-1).nan_to_num(0.0) @ v)
+    return torch.cat(outs, dim=-2)
+
+
 def causal_by_masking_every_tile(q, k, v, block_q, block_k, causal=False):
     return learner_tiled(q, k, v, block_q, block_k, False) if not causal else masked_everywhere(q, k, v, block_q, block_k)
 
@@ -362,6 +374,13 @@ def test_tiled_attention_check_names_the_mistake(tiled_attention, message, capsy
     with pytest.raises(AssertionError, match=message):
         check_tiled_attention(tiled_attention)
     assert "✔" not in capsys.readouterr().out
+
+
+def test_tiles_of_every_key_are_not_called_a_full_score_matrix():
+    """A batch of heads each holding (block_q, n) scores can outgrow one head's m·n: named for what it is."""
+    with pytest.raises(AssertionError, match=r"your tiles hold every key at once, so block_k is not used: "
+                                             r"a float32 tensor of shape \(6, 16, 47\)"):
+        check_tiled_attention(tiles_of_every_key, hidden=True)
 
 
 def test_dropping_the_last_partial_key_block_is_named_too():

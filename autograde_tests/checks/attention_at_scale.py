@@ -301,6 +301,21 @@ FULL_MATRIX_HINT = ("compute one (block_q, block_k) tile of scores at a time, ke
                     "(scores, weights, or a mask).")
 
 
+def _too_large(case: TiledCase, largest: dict, what: str) -> tuple[str, str]:
+    """What a tensor of m·n or more elements is, told by its last two axes: all the scores of a head, tiles of
+    every key (block_k unused), or something else as large as one head's scores."""
+    shape = tuple(largest.get("shape", ()))[-2:]
+    one_head = f"m·n = {case.m}·{case.n} = {case.m * case.n}, one head's full score matrix"
+    if shape in ((case.m, case.n), (case.n, case.m)):
+        mask = " (as a mask)" if largest.get("dtype") == "bool" else ""
+        return f"you built the full score matrix{mask}: {what} holds {one_head}", FULL_MATRIX_HINT
+    if case.n in shape:
+        return (f"your tiles hold every key at once, so block_k is not used: {what} has as many elements as "
+                f"{one_head}", "split the keys too: each tile of scores is (block_q, block_k), and a running "
+                "maximum, sum and accumulator carry each query from one block of keys to the next.")
+    return f"{what} has as many elements as {one_head}", FULL_MATRIX_HINT
+
+
 def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
     """Check a learner's ``tiled_attention(q, k, v, block_q, block_k, causal=False) -> (..., m, d_v)``."""
     name = "tiled_attention"
@@ -332,10 +347,9 @@ def _check_tiled_case(name, tiled_attention, case: TiledCase, seed: int, device,
     _expect_unmodified(name, report, ("q", "k", "v"))
     elements, what = _largest(report)
     if case.watched_for_memory() and elements >= case.m * case.n:
-        mask = " (as a mask)" if report["largest"].get("dtype") == "bool" else ""
-        kernel_reported(name, tiled_attention, f"you built the full score matrix{mask}: {what} has m·n = "
-                        f"{case.m}·{case.n} = {case.m * case.n} or more elements (block_q={case.block_q}, "
-                        f"block_k={case.block_k}, causal={case.causal})", FULL_MATRIX_HINT)
+        problem, hint = _too_large(case, report["largest"], what)
+        kernel_reported(name, tiled_attention, f"{problem} (block_q={case.block_q}, block_k={case.block_k}, "
+                        f"causal={case.causal})", hint)
     out = report["result"]
     if isinstance(out, torch.Tensor) and out.dim() == q.dim() and out.size(-2) == case.m // case.block_q * case.block_q < case.m:
         fail(name, f"the last partial block of queries was dropped: m = {case.m} is not a multiple of "
