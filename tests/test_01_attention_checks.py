@@ -350,6 +350,23 @@ def test_a_large_negative_fill_is_named_with_the_course_s_convention():
 
 def test_a_result_right_to_float32_only_is_named_as_a_precision_mistake():
     with pytest.raises(AssertionError, match=r"^scaled_dot_product_attention: float32 precision only in the "
-                                             r"weights: it agrees with the reference to about 1e-7") as failure:
+                                             r"weights: it agrees with the reference only as far as float32's "
+                                             r"rounding goes, not to float64's 1e-11 \(largest error \d") as failure:
         check_scaled_dot_product_attention(attention_in_float32)
     assert "Hint: compute in the dtype you return" in str(failure.value)
+
+
+def attention_with_an_eps_in_the_normaliser(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    e = torch.exp(scores - scores.amax(-1, keepdim=True)).nan_to_num(0.0)
+    weights = e / (e.sum(-1, keepdim=True) + 5e-9)
+    return weights @ v, weights
+
+
+def test_a_difference_smaller_than_float32_s_rounding_is_not_called_float32_precision():
+    with pytest.raises(AssertionError, match=r"differ by a little, but more than float64's rounding and less than "
+                                             r"float32's \(largest error [0-9.e-]+ of the largest value") as failure:
+        check_scaled_dot_product_attention(attention_with_an_eps_in_the_normaliser)
+    assert "float32 precision" not in str(failure.value) and "an eps added" in str(failure.value)
