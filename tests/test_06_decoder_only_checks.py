@@ -83,6 +83,14 @@ class RMSNormFixedEps(R.RMSNorm):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
+class RMSNormInFloat32(R.RMSNorm):
+    """In float32 on purpose, as published RMSNorms do for speed: fails in float64 only."""
+
+    def forward(self, x):
+        y = x.float()
+        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
 class RMSNormDetached(R.RMSNorm):
     def forward(self, x):
         return x / torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
@@ -103,6 +111,7 @@ def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
     (RMSNormOfTheSum, "the root of the sum of squares, not of their mean"),
     (RMSNormOverTheWholeTensor, "the mean square is taken over the whole tensor"),
     (RMSNormFixedEps, "ignores its eps argument and uses 1e-6"),
+    (RMSNormInFloat32, "float32 precision only in the output"),
     (RMSNormDetached, "the gradient with respect to `x` differs from the reference"),
 ])
 def test_rms_norm_check_names_the_mistake(RMSNorm, message):
@@ -154,6 +163,10 @@ def rotary_feature_frequencies(x, positions, base=10000.0):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def rotary_in_float32(x, positions, base=10000.0):
+    return R.apply_rotary(x.float(), positions, base).to(x.dtype)
+
+
 def rotary_consecutive_from_the_first(x, positions, base=10000.0):
     return R.apply_rotary(x, positions[0] + torch.arange(x.size(-2), device=x.device), base)
 
@@ -175,6 +188,7 @@ def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys
     (rotary_from_zero, "positions argument is ignored"),
     (rotary_feature_frequencies, "the frequencies use the feature index i"),
     (rotary_consecutive_from_the_first, r"only the first position is used: .* need not be consecutive"),
+    (rotary_in_float32, "float32 precision only in the rotated tensor"),
 ])
 def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
     with pytest.raises(AssertionError, match=message):
