@@ -14,7 +14,8 @@ mid-task has its task run again elsewhere by Dask; a submission that kills worke
 as needs-attention. A fault of the grader's own (``cluster``: a worker without the course's grader or
 with another version of it, a task that raised, the scheduler lost, no worker left) stops the batch with
 ``cluster.Stopped``: never anyone's score, and nothing of the pairs not yet merged is written.
-A pair whose notebook has not changed since it was graded is skipped.
+A pair whose notebook has not changed since it was graded is skipped. Pairs go out chapter by chapter, so
+that the kernel a worker starts ahead (``kernels``) is for the chapter it grades next.
 """
 
 import json
