@@ -9,15 +9,20 @@ correct answers): what a learner who knew the grader's machine would aim at.
 
 ``LATER`` holds the attacks whose gain differs by chapter, on chapters 5, 6 and 7: each is that chapter's
 solved notebook with one exercise taken another way, so its score is the chapter's total less exactly
-that exercise's points, or the total where the attack must gain and lose nothing.
+that exercise's points, or the total where the attack must gain and lose nothing; and honest answers that
+must keep full marks.
 """
 
+import inspect
 import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import nbformat
+
+from .test_07_attention_at_scale_checks import (online_softmax_by_next_until_exhausted,
+                                                online_softmax_first_chunk_then_the_rest)
 
 CHAPTER = "01_attention"
 
@@ -512,31 +517,9 @@ def online_softmax(chunks):
     return m, sum(torch.exp(x - m).sum(dim=-1, keepdim=True) for x in chunks)
 '''
 # Two right readings of a stream of chunks, each taking every chunk once, in order: full marks.
-ONLINE_BY_NEXT = '''
-def online_softmax(chunks):
-    m = l = None
-    while True:
-        try:
-            x = next(chunks)
-        except StopIteration:
-            return m, l
-        m_new = x.amax(dim=-1, keepdim=True) if m is None else torch.maximum(m, x.amax(dim=-1, keepdim=True))
-        terms = torch.exp(x - m_new).sum(dim=-1, keepdim=True)
-        l = terms if l is None else l * torch.exp(m - m_new) + terms
-        m = m_new
-'''
-ONLINE_FIRST_THEN_THE_REST = '''
-def online_softmax(chunks):
-    chunks = iter(chunks)
-    first = next(chunks)
-    m = first.amax(dim=-1, keepdim=True)
-    l = torch.exp(first - m).sum(dim=-1, keepdim=True)
-    for x in chunks:
-        m_new = torch.maximum(m, x.amax(dim=-1, keepdim=True))
-        l = l * torch.exp(m - m_new) + torch.exp(x - m_new).sum(dim=-1, keepdim=True)
-        m = m_new
-    return m, l
-'''
+ONLINE_BY_NEXT, ONLINE_FIRST_THEN_THE_REST = (
+    inspect.getsource(fn).replace(f"def {fn.__name__}(", "def online_softmax(")
+    for fn in (online_softmax_by_next_until_exhausted, online_softmax_first_chunk_then_the_rest))
 WATCHER_REPLACED = '''
 import autograde_tests.checks.beside as b
 _watched = b.watched
