@@ -515,13 +515,13 @@ def probabilities(logits, temperature, top_k, top_p, softmax_dim=-1, renormalise
     return probs
 
 
-def make_generate(use_the_cache=True, **mistake):
+def make_generate(use_the_cache=True, always_cached=False, **mistake):
     @torch.no_grad()
     def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
         cache, tokens = None, [idx]
         for _ in range(max_new_tokens):
             seq = torch.cat(tokens, dim=1)
-            if use_cache and use_the_cache:
+            if (use_cache or always_cached) and use_the_cache:
                 logits, cache = model(seq if cache is None else tokens[-1], cache)
             else:
                 logits, _ = model(seq)
@@ -564,6 +564,7 @@ def test_generate_check_passes_correct_variants(generate, hidden, capsys):
     (make_generate(renormalise=False), "top-k applied after softmax without renormalising"),
     (make_generate(temperature_after=True), "temperature applied after softmax"),
     (make_generate(use_the_cache=False), "use_cache=True but the model was given"),
+    (make_generate(always_cached=True), r"use_cache=False but the model was given \[3, 1, 1, 1, 1\] tokens"),
 ])
 def test_generate_check_names_the_mistake(generate, message):
     with pytest.raises(AssertionError, match=message):

@@ -16,7 +16,7 @@ implementation per entry):
     GPT             positions restarting at 0 for cached tokens; no final norm; embeddings scaled by sqrt(d_model)
     lm_loss         loss not shifted; shifted the wrong way
     generate        softmax over the wrong axis; top-k applied after softmax without renormalising; temperature
-                    applied after softmax; the cache not used
+                    applied after softmax; the cache not used; the cache used although use_cache=False
 
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
 be: the GPT check runs every case with stand-in blocks (``stand_ins``) and PyTorch's RMSNorm in place
@@ -860,6 +860,10 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
     if options.get("use_cache", True) and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
         fail(name, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} calls: the cache is not "
              "used", CACHE_HINT)
+    if not options.get("use_cache", True) and fed != list(range(case.length, case.length + case.new)):
+        fail(name, f"use_cache=False but the model was given {fed} tokens at its {len(fed)} calls: without the "
+             f"cache the whole sequence so far is run at every step ({case.length}, {case.length + 1}, ... tokens)",
+             "with use_cache=False, call model(out) on every token so far, with no cache, at each step.")
     probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
     for p in probs:
         sums = p.sum(dim=-1).to(torch.float64)
