@@ -3,6 +3,7 @@ dies, or that ignores interrupts and never finishes, still ends as needs-attenti
 left running; what the kernel can see and reach."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -161,6 +162,13 @@ def test_a_worker_shut_down_leaves_no_kernel_behind(template):
     assert [p.pid for p in waiting if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     assert not folder.exists(), "the worker left its scratch courses and kernel folders behind"
     assert not stale.exists(), "a killed worker's folders were left"
+
+
+def test_no_kernel_is_started_ahead_of_a_chapters_last_submissions(template, client):
+    """A job marked so (``Job.start_next``, the batch's last of a chapter) leaves no kernel waiting."""
+    job = dataclasses.replace(make_job(template, solved(release(template)), timeout=600), start_next=False)
+    assert grade_on(client, job)["status"] == "graded"
+    assert client.run(lambda: len(worker._worker.kernels.waiting)) == {address: 0 for address in client.run(os.getpid)}
 
 
 LOOK_AROUND = '''
