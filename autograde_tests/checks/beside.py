@@ -176,7 +176,7 @@ class _Created(TorchDispatchMode):
 
 class _Stream:
     """Items handed over as an iterator that records how they were read: how many times they were handed
-    out, and the first time an operator used an item again after a later one (``order``: the items' memory).
+    out, and the first time an operator used an item again after a later one (told by the items' memory).
     A pass over the exhausted stream finds every item again, so the values a second pass computes are right
     and the record alone tells (a note in a graded run, where the kernel could hand over a list instead: what
     it does must not change a value)."""

@@ -196,8 +196,8 @@ def _in_chapter_order(tasks: list, workers: int) -> list:
     kernel started ahead is for the chapter it grades next; none is started ahead where fewer than
     ``workers`` submissions of the chapter are left behind a task."""
     tasks = sorted(tasks, key=lambda task: (task[0].chapter, task[0].student))
-    chapters = [pair.chapter for pair, *_ in tasks]
-    return [(pair, dataclasses.replace(job, start_next=chapters[i + 1:].count(pair.chapter) >= workers), *rest)
+    last = {pair.chapter: i for i, (pair, *_) in enumerate(tasks)}  # each chapter's last task
+    return [(pair, dataclasses.replace(job, start_next=last[pair.chapter] - i >= workers), *rest)
             for i, (pair, job, *rest) in enumerate(tasks)]
 
 
