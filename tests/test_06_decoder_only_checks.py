@@ -6,8 +6,11 @@ as a learner would, mostly the reference with one thing changed:
     positions restarting at 0 for cached tokens, the cache appended on the wrong axis, RMSNorm subtracting
     the mean, softmax over the wrong axis in sampling, top-k applied after softmax without renormalising,
     temperature applied after softmax, the loss not shifted;
-and near relatives (eps outside the root, RoPE on q only, a causal mask blind to the cache, no final norm,
-the cache not used).
+and near relatives (eps outside the root, RoPE on q only or before the heads are split, a causal mask blind
+to the cache, Post-Norm, no final norm, blocks given the wrong cache or none, a softmax before the
+cross-entropy, top-p and top-k off by one, the cache not used); and the deviations of published code the
+contract does not allow (a draw over sorted or top-k probabilities, temperature 0 used as a divisor, logits
+turned to float32).
 """
 
 import math
@@ -175,6 +178,14 @@ def rotary_ignoring_the_base(x, positions, base=10000.0):
     return R.apply_rotary(x, positions)
 
 
+def rotary_rotate_half_with_interleaved_angles(x, positions, base=10000.0):
+    """Hugging Face's rotate_half with Meta's layout of the angles, (θ0, θ0, θ1, θ1, ...)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, x.size(-1), 2, dtype=torch.float64, device=x.device) / x.size(-1))
+    angle = torch.repeat_interleave(positions[:, None] * inv_freq, 2, dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * angle.cos().to(x.dtype) + torch.cat([-x2, x1], dim=-1) * angle.sin().to(x.dtype)
+
+
 @pytest.mark.parametrize("apply_rotary", [R.apply_rotary, rotary_complex, rotary_rotate_half])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys):
@@ -189,6 +200,7 @@ def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys
     (rotary_feature_frequencies, "the frequencies use the feature index i"),
     (rotary_consecutive_from_the_first, r"only the first position is used: .* need not be consecutive"),
     (rotary_in_float32, "float32 precision only in the rotated tensor"),
+    (rotary_rotate_half_with_interleaved_angles, "the angles are laid out for neighbouring pairs"),
 ])
 def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
     with pytest.raises(AssertionError, match=message):
@@ -324,6 +336,41 @@ class BlockGateSwapped(BlockBase):
         return self.w_down(F.silu(self.w_up(h)) * self.w_gate(h))
 
 
+class BlockRopeBeforeTheHeads(BlockBase):
+    def project(self, h, positions):
+        B, T, _ = h.shape
+        q, k = self.rotate(self.w_q(h), positions), self.rotate(self.w_k(h), positions)
+        return (t.view(B, T, self.n_heads, self.d_k).transpose(1, 2) for t in (q, k, self.w_v(h)))
+
+
+class BlockUnscaled(BlockBase):
+    def project(self, h, positions):
+        q, k, v = super().project(h, positions)
+        return q * math.sqrt(self.d_k), k, v  # as if the scores were never divided by sqrt(d_k)
+
+
+class BlockPostNorm(BlockBase):
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(x, positions)
+        if cache is not None:
+            k, v = self.append(cache, k, v)
+        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
+        x = self.attn_norm(x + self.w_o(out.transpose(1, 2).reshape(B, T, -1)))
+        return self.ffn_norm(x + self.ffn(x)), (k, v)
+
+
+class BlockOneNorm(BlockBase):
+    def forward(self, x, positions, cache=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(self.attn_norm(x), positions)
+        if cache is not None:
+            k, v = self.append(cache, k, v)
+        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
+        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
+        return x + self.ffn(self.attn_norm(x)), (k, v)
+
+
 @pytest.mark.parametrize("DecoderBlock", [R.DecoderBlock, BlockTorchAttention, BlockEinsum])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsys):
@@ -342,6 +389,10 @@ def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsy
     (BlockChapter3Mask, r"It fails only when given cached tokens \(with an empty cache it runs\): with T_past"),
     (BlockCacheOfTheNewTokensOnly, "the cache returned holds only the new tokens' keys and values"),
     (BlockGateSwapped, "gate and up projections are swapped"),
+    (BlockRopeBeforeTheHeads, "RoPE is applied before the heads are split"),
+    (BlockUnscaled, r"the scores are not scaled by 1/sqrt\(d_k\)"),
+    (BlockPostNorm, r"the norms come after the residual sums \(Post-Norm"),
+    (BlockOneNorm, "the FFN's input goes through attn_norm"),
 ])
 def test_decoder_block_check_names_the_mistake(DecoderBlock, message):
     with pytest.raises(AssertionError, match=message):
@@ -411,6 +462,38 @@ class GPTDetachedEmbedding(GPTBase):
         return self.embed(idx).detach()
 
 
+class GPTFirstCacheForEveryBlock(GPTBase):
+    def forward(self, idx, cache=None):
+        x, positions, new_cache = self.embedding(idx), self.positions(idx, cache), []
+        for block in self.blocks:
+            x, layer_cache = block(x, positions, None if cache is None else cache[0])
+            new_cache.append(layer_cache)
+        return self.head(self.final(x)), new_cache
+
+
+class GPTBlocksWithoutTheCache(GPTBase):
+    def forward(self, idx, cache=None):
+        x, positions, new_cache = self.embedding(idx), self.positions(idx, cache), []
+        for block in self.blocks:
+            x, layer_cache = block(x, positions)
+            new_cache.append(layer_cache)
+        return self.head(self.final(x)), new_cache
+
+
+class GPTPastFromTheHeadsAxis(GPTBase):
+    def positions(self, idx, cache):
+        past = 0 if cache is None else cache[0][0].shape[1]
+        return torch.arange(past, past + idx.size(1), device=idx.device)
+
+
+class GPTLogitsInFloat32(GPTBase):
+    """Meta's LLaMA returns self.output(h).float(): on purpose, for a half-precision model."""
+
+    def forward(self, idx, cache=None):
+        logits, new_cache = super().forward(idx, cache)
+        return logits.float(), new_cache
+
+
 @pytest.mark.parametrize("GPT", [R.GPT, GPTBase, GPTTupleCache])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
@@ -423,6 +506,10 @@ def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
     (GPTNoFinalNorm, "no final norm"),
     (GPTScaledEmbedding, r"embeddings are scaled by sqrt\(d_model\)"),
     (GPTDetachedEmbedding, "no gradient reaches the parameter embed.weight"),
+    (GPTFirstCacheForEveryBlock, "every block is given the first block's cache"),
+    (GPTBlocksWithoutTheCache, "the blocks are not given the cache"),
+    (GPTPastFromTheHeadsAxis, "the cache's length is read on the wrong axis"),
+    (GPTLogitsInFloat32, r"the logits is torch.float32 but the inputs are torch.float64: a .float\(\) on the result"),
 ])
 def test_gpt_check_names_the_mistake(GPT, message):
     with pytest.raises(AssertionError, match=message):
@@ -474,6 +561,26 @@ def loss_shifted_backwards(model, idx):
     return F.cross_entropy(logits.flatten(0, 1), idx[:, :-1].flatten())
 
 
+def loss_of_probabilities(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return F.cross_entropy(F.softmax(logits, dim=-1).flatten(0, 1), idx[:, 1:].flatten())
+
+
+def loss_nll_of_logits(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return F.nll_loss(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1))
+
+
+def loss_summed(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten(), reduction="sum")
+
+
+def loss_of_the_last_position(model, idx):
+    logits, _ = model(idx[:, :-1])
+    return F.cross_entropy(logits[:, -1, :], idx[:, -1])
+
+
 @pytest.mark.parametrize("lm_loss", [R.lm_loss, loss_from_full_logits, loss_by_hand])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
@@ -485,6 +592,10 @@ def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
     (loss_unshifted, "loss not shifted: the model reads idx and is scored on idx itself"),
     (loss_copies_its_input, r"loss not shifted: the labels are idx\[:, :-1\]"),
     (loss_shifted_backwards, "the shift goes the wrong way"),
+    (loss_of_probabilities, "the logits went through a softmax before F.cross_entropy"),
+    (loss_nll_of_logits, "F.nll_loss was given the raw logits"),
+    (loss_summed, "the loss is summed over the predictions, not averaged"),
+    (loss_of_the_last_position, "only the last position is scored"),
 ])
 def test_lm_loss_check_names_the_mistake(lm_loss, message):
     with pytest.raises(AssertionError, match=message):
@@ -494,13 +605,14 @@ def test_lm_loss_check_names_the_mistake(lm_loss, message):
 # ------------------------------------------------------------------------ generate
 
 
-def probabilities(logits, temperature, top_k, top_p, softmax_dim=-1, renormalise=True, temperature_after=False):
+def probabilities(logits, temperature, top_k, top_p, softmax_dim=-1, renormalise=True, temperature_after=False,
+                  kth_dropped=False, crossing_dropped=False, p_before_k=False):
     """Sorted-logits top-k and a top-p mask computed in sorted order, then scattered back."""
     if not temperature_after:
         logits = logits / temperature
-    if top_k is not None and renormalise:
-        sorted_logits = logits.sort(dim=-1, descending=True).values
-        logits = torch.where(logits >= sorted_logits[:, top_k - 1:top_k], logits, -math.inf)
+    if top_k is not None and renormalise and not p_before_k:
+        kth = logits.sort(dim=-1, descending=True).values[:, top_k - 1:top_k]
+        logits = torch.where(logits > kth if kth_dropped else logits >= kth, logits, -math.inf)
     probs = F.softmax(logits, dim=softmax_dim)
     if temperature_after:
         probs = probs / temperature
@@ -508,14 +620,19 @@ def probabilities(logits, temperature, top_k, top_p, softmax_dim=-1, renormalise
         probs = torch.where(probs >= probs.topk(top_k, dim=-1).values[:, -1:], probs, 0.0)
     if top_p is not None:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        drop_sorted = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        before = sorted_probs.cumsum(-1) if crossing_dropped else sorted_probs.cumsum(-1) - sorted_probs
+        drop_sorted = before >= top_p
+        drop_sorted[:, 0] = False
         drop = drop_sorted.gather(-1, order.argsort(-1))
         probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    if top_k is not None and p_before_k:
+        probs = torch.where(probs >= probs.topk(top_k, dim=-1).values[:, -1:], probs, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 
-def make_generate(use_the_cache=True, always_cached=False, **mistake):
+def make_generate(use_the_cache=True, always_cached=False, position=-1, in_float32=False, seeded=True, **mistake):
     @torch.no_grad()
     def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
         cache, tokens = None, [idx]
@@ -525,15 +642,63 @@ def make_generate(use_the_cache=True, always_cached=False, **mistake):
                 logits, cache = model(seq if cache is None else tokens[-1], cache)
             else:
                 logits, _ = model(seq)
-            last = logits[:, -1, :]
+            last = logits[:, position, :]
+            last = last.float() if in_float32 else last
             if temperature == 0:
                 tokens.append(last.argmax(-1)[:, None])
             else:
                 probs = probabilities(last, temperature, top_k, top_p, **mistake)
-                tokens.append(torch.multinomial(probs, num_samples=1, generator=generator))
+                tokens.append(torch.multinomial(probs, num_samples=1, generator=generator if seeded else None))
         return torch.cat(tokens, dim=1)
 
     return generate
+
+
+@torch.no_grad()
+def generate_drawing_in_sorted_order(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                     use_cache=True, generator=None):
+    """Meta's LLaMA's way to draw: over the probabilities sorted in descending order, the index mapped back."""
+    out, cache = idx, None
+    for _ in range(max_new_tokens):
+        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+        if temperature == 0:
+            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], 1)
+            continue
+        probs_sort, probs_idx = torch.sort(probabilities(logits[:, -1], temperature, top_k, top_p), dim=-1,
+                                           descending=True)
+        out = torch.cat([out, torch.gather(probs_idx, -1, torch.multinomial(probs_sort, 1, generator=generator))], 1)
+    return out
+
+
+@torch.no_grad()
+def generate_drawing_among_the_top_k(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                     use_cache=True, generator=None):
+    """nanochat's way to draw with top-k: over the k largest alone, the index mapped back."""
+    out, cache = idx, None
+    for _ in range(max_new_tokens):
+        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+        logits = logits[:, -1]
+        if temperature == 0:
+            nxt = logits.argmax(-1, keepdim=True)
+        elif top_k is not None:
+            values, ids = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)
+            nxt = ids.gather(1, torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator))
+        else:
+            nxt = torch.multinomial(probabilities(logits, temperature, None, top_p), 1, generator=generator)
+        out = torch.cat([out, nxt], 1)
+    return out
+
+
+@torch.no_grad()
+def generate_dividing_by_a_zero_temperature(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
+                                            use_cache=True, generator=None):
+    """nanoGPT's loop, which always samples: temperature 0 divides by zero."""
+    out, cache = idx, None
+    for _ in range(max_new_tokens):
+        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+        probs = probabilities(logits[:, -1], temperature, top_k, top_p)
+        out = torch.cat([out, torch.multinomial(probs, 1, generator=generator)], 1)
+    return out
 
 
 def generate_one_row_at_a_time(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
@@ -565,6 +730,14 @@ def test_generate_check_passes_correct_variants(generate, hidden, capsys):
     (make_generate(temperature_after=True), "temperature applied after softmax"),
     (make_generate(use_the_cache=False), "use_cache=True but the model was given"),
     (make_generate(always_cached=True), r"use_cache=False but the model was given \[3, 1, 1, 1, 1\] tokens"),
+    (make_generate(kth_dropped=True), "top-k keeps k - 1 tokens"),
+    (make_generate(crossing_dropped=True), "top-p drops the token that crosses top_p"),
+    (make_generate(p_before_k=True), "top-p applied before top-k"),
+    (make_generate(position=0), "the logits of the first position are used"),
+    (make_generate(seeded=False), "torch.multinomial was called 8 times without the generator"),
+    (generate_drawing_in_sorted_order, "drawn over the probabilities sorted in descending order"),
+    (generate_drawing_among_the_top_k, "drawn over the top k probabilities alone"),
+    (generate_dividing_by_a_zero_temperature, "temperature=0 was used as a divisor"),
 ])
 def test_generate_check_names_the_mistake(generate, message):
     with pytest.raises(AssertionError, match=message):

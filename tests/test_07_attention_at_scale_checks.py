@@ -109,6 +109,46 @@ def online_softmax_rescaling_the_wrong_way(chunks):
     return m, l
 
 
+def online_softmax_forgetting_the_running_maximum(chunks):
+    m = l = None
+    for x in chunks:
+        m_new = x.amax(-1, keepdim=True)  # the chunk's maximum, never compared with m
+        terms = torch.exp(x - m_new).sum(-1, keepdim=True)
+        l = terms if l is None else l * torch.exp(m - m_new) + terms
+        m = m_new
+    return m, l
+
+
+def online_softmax_with_one_maximum_for_all_rows(chunks):
+    m = l = None
+    for x in chunks:
+        if m is None:
+            m, l = torch.full_like(x[..., :1], float("-inf")), torch.zeros_like(x[..., :1])
+        m_new = torch.maximum(m, x.max())
+        l = l * torch.exp(m - m_new) + torch.exp(x - m_new).sum(-1, keepdim=True)
+        m = m_new
+    return m, l
+
+
+def online_softmax_keeping_the_last_sum(chunks):
+    m = None
+    for x in chunks:
+        m = x.amax(-1, keepdim=True) if m is None else torch.maximum(m, x.amax(-1, keepdim=True))
+        l = torch.exp(x - m).sum(-1, keepdim=True)
+    return m, l
+
+
+def online_softmax_with_each_chunk_against_its_own_maximum(chunks):
+    m = l = None
+    for x in chunks:
+        m_chunk = x.amax(-1, keepdim=True)
+        m_new = m_chunk if m is None else torch.maximum(m, m_chunk)
+        l_chunk = torch.exp(x - m_chunk).sum(-1, keepdim=True)
+        l = l_chunk if l is None else l * torch.exp(m - m_new) + l_chunk
+        m = m_new
+    return m, l
+
+
 def online_softmax_in_two_passes(chunks):
     m = None
     for x in chunks:
@@ -165,6 +205,11 @@ def online_softmax_returning_the_weights(chunks):
         (online_softmax_without_rescaling, r"running sum was not rescaled when the maximum grew"),
         (online_softmax_overwriting_the_maximum_first, r"not rescaled .* maximum was overwritten before"),
         (online_softmax_rescaling_the_wrong_way, r"rescaled the wrong way, by exp\(m_new - m_old\)"),
+        (online_softmax_forgetting_the_running_maximum, r"m is the last chunk's maximum, not the running maximum"),
+        (online_softmax_with_one_maximum_for_all_rows, r"m is one maximum for all the rows: .* whole tensor"),
+        (online_softmax_keeping_the_last_sum, r"l is the sum of the last chunk only"),
+        (online_softmax_with_each_chunk_against_its_own_maximum,
+         r"against the chunk's own maximum, exp\(x - chunk max\), while the old sum was rescaled"),
         (online_softmax_in_two_passes, r"reads the chunks 2 times"),
         (online_softmax_in_two_passes_over_a_kept_list, r"went back to chunk 0 after chunk 2: a second pass"),
         (online_softmax_joining_the_chunks, r"joined the chunks into whole rows: a float32 tensor of shape \(2, 3, 12\)"),
@@ -253,20 +298,25 @@ def test_tiled_attention_check_passes_correct_variants(tiled_attention, hidden, 
 
 
 def learner_tiled(q, k, v, block_q, block_k, causal=False, rescale_acc=True, keep_old_max=True, divide_at_end=True,
-                  see_own_key=True, mask_diagonal=True, partial_blocks=True, guard_empty=True):
+                  see_own_key=True, mask_diagonal=True, partial_blocks=True, guard_empty=True, scale_scores=True,
+                  top_left=True, include_diagonal_tile=True, stop_by_block_q=True):
     """One learner's tiled attention; each keyword set to False is one mistake of the list."""
     m, n = q.size(-2), k.size(-2)
     q_stop, k_stop = (m, n) if partial_blocks else (m // block_q * block_q, n // block_k * block_k)
+    shift = 0 if top_left else n - m  # FlashAttention >= 2.1 lines the diagonal up with the last key
     outs = []
     for i in range(0, q_stop, block_q):
         qi = q[..., i:i + block_q, :]
         mi = torch.full((*qi.shape[:-1], 1), float("-inf"), dtype=q.dtype, device=q.device)
         li = torch.zeros_like(mi)
         acc = torch.zeros(*qi.shape[:-1], v.size(-1), dtype=q.dtype, device=q.device)
-        for j in range(0, min(k_stop, i + qi.size(-2)) if causal else k_stop, block_k):
-            s = qi @ k[..., j:j + block_k, :].transpose(-2, -1) / math.sqrt(q.size(-1))
+        end = (i + qi.size(-2) if stop_by_block_q else i + block_k) if include_diagonal_tile else i
+        for j in range(0, min(k_stop, end + shift) if causal else k_stop, block_k):
+            s = qi @ k[..., j:j + block_k, :].transpose(-2, -1)
+            if scale_scores:
+                s = s / math.sqrt(q.size(-1))
             if causal and mask_diagonal:
-                qpos = torch.arange(i, i + s.size(-2), device=q.device)[:, None]
+                qpos = torch.arange(i + shift, i + shift + s.size(-2), device=q.device)[:, None]
                 kpos = torch.arange(j, j + s.size(-1), device=q.device)
                 s = s.masked_fill(kpos > qpos if see_own_key else kpos >= qpos, float("-inf"))
             new_mi = torch.maximum(mi, s.amax(-1, keepdim=True))
@@ -362,6 +412,11 @@ def fused_by_pytorch(q, k, v, block_q, block_k, causal=False):
         (with_(mask_diagonal=False), r"tiles on the diagonal were not masked"),
         (with_(partial_blocks=False), r"last partial block of (queries|keys) was dropped"),
         (with_(guard_empty=False), r"NaN for queries with no key to attend to \(n = 0\)"),
+        (with_(top_left=False), r"aligned to the bottom-right corner: .* FlashAttention >= 2.1's convention"),
+        (with_(scale_scores=False), r"scores were not scaled by 1/sqrt\(d_k\)"),
+        (with_(include_diagonal_tile=False), r"tile on the diagonal was skipped too"),
+        (with_(include_diagonal_tile=False, guard_empty=False), r"tile on the diagonal was skipped too"),  # NaN rows
+        (with_(stop_by_block_q=False), r"loop over keys ends at i \+ block_k instead of i \+ block_q"),
         (naive_attention, r"you built the full score matrix: a float32 tensor of shape \(2, 29, 37\) \(aten::"),
         (tiles_with_a_full_causal_mask, r"you built the full score matrix \(as a mask\): a bool tensor of shape \(29, 37\)"),
         (per_head_full_scores, r"you built the full score matrix: .* shape \(29, 37\)"),

@@ -105,6 +105,7 @@ def test_the_view_failure_shows_problem_case_and_hint_each_from_a_line_of_its_ow
         "    with input tensor's size and stride (at least one dimension spans across",
         "    two contiguous subspaces). Use .reshape(...) instead.",
         "  when called with (tensor of shape (2, 2, 3, 4), float32, on cpu)",
+        "  case: batch=2, length=3, n_heads=2, d_k=4; float32 on cpu",
         "Hint: after a transpose the tensor is no longer contiguous: use .reshape, or",
         "      .contiguous().view.",
     ], lines

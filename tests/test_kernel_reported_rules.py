@@ -146,7 +146,7 @@ def test_plain_attention_is_a_note_in_a_graded_run_and_wrong_values_still_fail(c
                        "you built the full score matrix", capsys)
     unscaled = lambda q, k, v, block_q, block_k, causal=False: naive_attention(q * math.sqrt(q.size(-1)), k, v,
                                                                                block_q, block_k, causal)
-    with pytest.raises(AssertionError, match="tiled_attention: the output"):
+    with pytest.raises(AssertionError, match="tiled_attention: the scores were not scaled"):
         check_tiled_attention(graded(unscaled, "07_attention_at_scale"))
 
 

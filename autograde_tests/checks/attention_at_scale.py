@@ -96,15 +96,34 @@ def _online_input(case: OnlineCase, seed: int) -> torch.Tensor:
     return 2 * draw.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
 
 
-def _online(chunks, correction) -> torch.Tensor:
-    """The running sum l of an online softmax whose rescaling factor is ``correction(m_old, m_new)``."""
+def _online(chunks, correction=lambda m, m_new: torch.exp(m - m_new), *, accumulate=True, own_maximum=False):
+    """The running sum l of an online softmax whose rescaling factor is ``correction(m_old, m_new)``; with
+    ``accumulate=False`` each chunk's sum replaces l, with ``own_maximum`` a chunk's terms are exp(x - chunk max)."""
     m = l = None
     for x in chunks:
-        m_new = x.amax(-1, keepdim=True) if m is None else torch.maximum(m, x.amax(-1, keepdim=True))
-        terms = torch.exp(x - m_new).sum(-1, keepdim=True)
-        l, m = (terms if l is None else l * correction(m, m_new) + terms), m_new
+        chunk_max = x.amax(-1, keepdim=True)
+        m_new = chunk_max if m is None else torch.maximum(m, chunk_max)
+        terms = torch.exp(x - (chunk_max if own_maximum else m_new)).sum(-1, keepdim=True)
+        l, m = (terms if l is None or not accumulate else l * correction(m, m_new) + terms), m_new
     return l
 
+
+MAXIMUM_MISTAKES = [
+    Mistake(
+        "m is the last chunk's maximum, not the running maximum of the row: each chunk's maximum replaced m "
+        "instead of being compared with it, so a larger score in an earlier chunk is forgotten",
+        "m_new = max(m, chunk max), elementwise (torch.maximum(m, x.amax(-1, keepdim=True))); rescale l by "
+        "exp(m - m_new), then set m = m_new.",
+        lambda chunks: chunks[-1].amax(-1, keepdim=True),
+    ),
+    Mistake(
+        "m is one maximum for all the rows: the chunk's maximum was taken over the whole tensor (x.max() or "
+        "x.amax() without dim), not over each row",
+        "each row has its own maximum: take it along the last axis only, x.amax(dim=-1, keepdim=True), "
+        "shape (..., 1).",
+        lambda chunks: max(x.amax() for x in chunks).expand(*chunks[0].shape[:-1], 1),
+    ),
+]
 
 ONLINE_MISTAKES = [
     Mistake(
@@ -119,6 +138,20 @@ ONLINE_MISTAKES = [
         "the running sum was rescaled the wrong way, by exp(m_new - m_old): it grows when the maximum grows",
         "the old terms shrink relative to a larger maximum: multiply l by exp(m_old - m_new), which is <= 1.",
         lambda chunks: _online(chunks, lambda m, m_new: torch.exp(m_new - m)),
+    ),
+    Mistake(
+        "l is the sum of the last chunk only: each chunk's sum replaced the running sum instead of being "
+        "added to it",
+        "accumulate over the chunks: l = l * exp(m - m_new) + sum(exp(chunk - m_new)), starting from the "
+        "first chunk's sum.",
+        lambda chunks: _online(chunks, accumulate=False),
+    ),
+    Mistake(
+        "each chunk's terms were taken against the chunk's own maximum, exp(x - chunk max), while the old sum "
+        "was rescaled to m_new: the sum mixes two references",
+        "every term of l is relative to the same maximum: add sum(exp(chunk - m_new)), with m_new = max(m, "
+        "chunk max), not sum(exp(chunk - chunk max)).",
+        lambda chunks: _online(chunks, own_maximum=True),
     ),
 ]
 
@@ -167,11 +200,13 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         if not torch.isfinite(l).all():
             fail(name, f"l is inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
                  "subtract the running maximum before exp: sum(exp(chunk - m_new)).")
+        chunks64 = [c.double().cpu() for c in chunks]
         if not close(m, expected_m):
-            name_the_mistake(name, "m, the maximum of each row,", m, expected_m, [])
+            name_the_mistake(name, "m, the maximum of each row,", m, expected_m,
+                             candidates(MAXIMUM_MISTAKES, chunks64))
         if not close(l, expected_l):
             name_the_mistake(name, "l, the sum of exp(x - m) over each row,", l, expected_l,
-                             candidates(ONLINE_MISTAKES, [c.double().cpu() for c in chunks]))
+                             candidates(ONLINE_MISTAKES, chunks64))
 
     with strict_numerics():
         run_cases(name, cases, check_case)
@@ -224,18 +259,23 @@ def _tiled_inputs(case: TiledCase, seed: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _tiled(q, k, v, block_q, block_k, causal, *, rescale_acc=True, correction=True, divide_each_tile=False,
-           diagonal_seen=True, diagonal_masked=True):
-    """Tiled attention as a learner might write it, wrong in the ways the flags say (all True/False: right)."""
-    n, outputs = k.size(-2), []
-    for i in range(0, q.size(-2), block_q):
-        q_i = q[..., i:i + block_q, :] / math.sqrt(q.size(-1))
+           diagonal_seen=True, diagonal_masked=True, scaled=True, top_left=True, causal_reach="rows"):
+    """Tiled attention as a learner might write it, wrong in the ways the flags say (the defaults: right).
+
+    ``causal_reach`` is how far past the query block's start i the causal loop over keys goes: "rows", the
+    block's queries (right); "nothing", so the tile on the diagonal is skipped too; or "block_k"."""
+    m, n, outputs = q.size(-2), k.size(-2), []
+    shift = 0 if top_left else n - m  # FlashAttention >= 2.1 aligns the diagonal to the last key when m != n
+    for i in range(0, m, block_q):
+        q_i = q[..., i:i + block_q, :] / (math.sqrt(q.size(-1)) if scaled else 1.0)
         rows = q_i.size(-2)
         m_i = q.new_full((*q_i.shape[:-1], 1), float("-inf"))
         l_i, acc = q.new_zeros(*q_i.shape[:-1], 1), q.new_zeros(*q_i.shape[:-1], v.size(-1))
-        for j in range(0, min(n, i + rows) if causal else n, block_k):
+        reach = {"rows": rows, "nothing": 0, "block_k": block_k}[causal_reach]
+        for j in range(0, min(n, i + reach + shift) if causal else n, block_k):
             s = q_i @ k[..., j:j + block_k, :].transpose(-2, -1)
             if causal and diagonal_masked:
-                query = torch.arange(i, i + rows)[:, None]
+                query = torch.arange(i, i + rows)[:, None] + shift
                 key = torch.arange(j, j + s.size(-1))[None, :]
                 s = s.masked_fill(key > query if diagonal_seen else key >= query, float("-inf"))
             m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))
@@ -287,6 +327,33 @@ TILED_MISTAKES = [
         "skipping the tiles above the diagonal is not enough: in a tile that crosses it, fill the scores of "
         "keys j > i with -inf (global positions: i from the query block's start, j from the key block's).",
         lambda *a: _tiled(*a, diagonal_masked=False) if a[5] else None,
+    ),
+    Mistake(
+        "the causal mask is aligned to the bottom-right corner: query i sees keys 0 .. i + (n - m), which is "
+        "FlashAttention >= 2.1's convention when m != n; the course, like PyTorch's is_causal, aligns it to "
+        "the top-left corner",
+        "query i may attend to keys 0 .. i whatever m and n are: hide key j when j > i (global positions, no "
+        "shift by n - m), and end the loop over keys at min(n, i + block_q).",
+        lambda *a: _tiled(*a, top_left=False) if a[5] else None,
+    ),
+    Mistake(
+        "the scores were not scaled by 1/sqrt(d_k): each tile holds q k^T instead of q k^T / sqrt(d_k)",
+        "divide each tile of scores by math.sqrt(d_k), with d_k = q.size(-1) (or scale q once before the loops).",
+        lambda *a: _tiled(*a, scaled=False),
+    ),
+    Mistake(
+        "the tile on the diagonal was skipped too: the loop over keys ends at the query block's start i, so a "
+        "query never sees the keys of its own block (the first block's queries see no key at all)",
+        "the block's last query is i + block_q - 1 and sees keys up to itself: loop over keys up to "
+        "min(n, i + block_q), and mask inside the tiles that cross the diagonal.",
+        lambda *a: _tiled(*a, causal_reach="nothing") if a[5] else None,
+    ),
+    Mistake(
+        "the loop over keys ends at i + block_k instead of i + block_q: when block_k < block_q, the later "
+        "queries of a block never see the keys between i + block_k and themselves",
+        "the keys a query block needs end at its last query: loop over keys up to min(n, i + rows), rows the "
+        "block's number of queries (block_q, fewer in the last block).",
+        lambda *a: _tiled(*a, causal_reach="block_k") if a[5] else None,
     ),
     Mistake(
         "the last partial block of keys was dropped: n is not a multiple of block_k, and the last keys "

@@ -130,23 +130,29 @@ def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
 
 
 class _MultinomialInputs(TorchFunctionMode):
-    """Records the probabilities every torch.multinomial call draws from."""
+    """Records the probabilities every torch.multinomial call draws from, and how many calls were given no
+    generator (their draws cannot be reproduced)."""
 
     def __init__(self):
         super().__init__()
         self.probs: list[torch.Tensor] = []
+        self.unseeded = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") == "multinomial" and args and isinstance(args[0], torch.Tensor):
             self.probs.append(args[0].detach().clone())
+            self.unseeded += (kwargs or {}).get("generator") is None
         return func(*args, **(kwargs or {}))
 
 
 def sampled(generate, *args, **kwargs) -> dict:
-    """Run ``generate(*args, **kwargs)``: the tokens, and the probabilities each multinomial draw used."""
+    """Run ``generate(*args, **kwargs)``: the tokens, the probabilities each multinomial draw used, and how
+    many draws were given no generator."""
     with _MultinomialInputs() as spy:
         tokens = generate(*args, **kwargs)
-    return {"tokens": tokens, "probs": spy.probs}
+    return {"tokens": tokens, "probs": spy.probs, "unseeded": spy.unseeded}
+
+
 class _Created(TorchDispatchMode):
     """Watches every tensor the operators of a call create (views make none): the largest, and the
     elements made in all, the call's work in a unit that needs no list of operators."""

@@ -18,7 +18,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 import torch
@@ -57,9 +57,24 @@ def run_cases(name: str, cases: list, check_case: Callable, after: Callable = la
     AssertionError (``fail``), so the pass line is printed only when nothing failed."""
     for device, dtype in grid(dtypes):
         for index, case in enumerate(cases):
-            check_case(index, case, device, dtype)
+            with in_case(case, device, dtype):
+                check_case(index, case, device, dtype)
     after()
     passed(name, len(cases) * len(grid(dtypes)), dtypes)
+
+
+@contextlib.contextmanager
+def in_case(case, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """A failure inside states its case: the case's fields (a dataclass's), the dtype and the device, on an
+    indented line under the problem, so that a learner can rerun what failed."""
+    try:
+        yield
+    except CheckFailed as failure:
+        given = (", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in fields(case)) if is_dataclass(case)
+                 else repr(case))
+        problem, hint = (str(failure).split("\nHint: ", 1) + [None])[:2]
+        line = f"\n  case: {given}; {str(dtype).removeprefix('torch.')} on {torch.device(device).type}"
+        raise type(failure)(problem + line + (f"\nHint: {hint}" if hint else ""), failure.learner_frames) from None
 
 
 @contextlib.contextmanager
@@ -308,6 +323,11 @@ def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> 
         fail(name, f"{what} should be a torch.Tensor, got {type_name(x)}")
     if tuple(x.shape) != tuple(shape):
         fail(name, f"{what} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+    if x.dtype == torch.float32 and like.dtype == torch.float64:
+        fail(name, f"{what} is torch.float32 but the inputs are torch.float64: a .float() on the result (as "
+             "published models do on purpose, to compute a half-precision model's logits or norms in float32), "
+             "or a tensor made inside with the default dtype", "compute in the inputs' dtype: leave out .float(), "
+             "and create tensors with dtype=<input>.dtype (or torch.zeros_like / torch.full_like).")
     if x.dtype != like.dtype:
         fail(
             name,
