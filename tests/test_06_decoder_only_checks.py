@@ -654,51 +654,49 @@ def make_generate(use_the_cache=True, always_cached=False, position=-1, in_float
     return generate
 
 
+def decoded(model, idx, max_new_tokens, use_cache, pick):
+    """The loop the published generates below share; ``pick`` turns the last logits (B, vocab) into (B, 1) tokens."""
+    out, cache = idx, None
+    for _ in range(max_new_tokens):
+        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+        out = torch.cat([out, pick(logits[:, -1])], 1)
+    return out
+
+
 @torch.no_grad()
 def generate_drawing_in_sorted_order(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                                      use_cache=True, generator=None):
     """Meta's LLaMA's way to draw: over the probabilities sorted in descending order, the index mapped back."""
-    out, cache = idx, None
-    for _ in range(max_new_tokens):
-        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
+    def pick(logits):
         if temperature == 0:
-            out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], 1)
-            continue
-        probs_sort, probs_idx = torch.sort(probabilities(logits[:, -1], temperature, top_k, top_p), dim=-1,
-                                           descending=True)
-        out = torch.cat([out, torch.gather(probs_idx, -1, torch.multinomial(probs_sort, 1, generator=generator))], 1)
-    return out
+            return logits.argmax(-1, keepdim=True)
+        probs_sort, probs_idx = torch.sort(probabilities(logits, temperature, top_k, top_p), dim=-1, descending=True)
+        return torch.gather(probs_idx, -1, torch.multinomial(probs_sort, 1, generator=generator))
+
+    return decoded(model, idx, max_new_tokens, use_cache, pick)
 
 
 @torch.no_grad()
 def generate_drawing_among_the_top_k(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                                      use_cache=True, generator=None):
     """nanochat's way to draw with top-k: over the k largest alone, the index mapped back."""
-    out, cache = idx, None
-    for _ in range(max_new_tokens):
-        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
-        logits = logits[:, -1]
+    def pick(logits):
         if temperature == 0:
-            nxt = logits.argmax(-1, keepdim=True)
-        elif top_k is not None:
-            values, ids = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)
-            nxt = ids.gather(1, torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator))
-        else:
-            nxt = torch.multinomial(probabilities(logits, temperature, None, top_p), 1, generator=generator)
-        out = torch.cat([out, nxt], 1)
-    return out
+            return logits.argmax(-1, keepdim=True)
+        if top_k is None:
+            return torch.multinomial(probabilities(logits, temperature, None, top_p), 1, generator=generator)
+        values, ids = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)
+        return ids.gather(1, torch.multinomial(F.softmax(values / temperature, dim=-1), 1, generator=generator))
+
+    return decoded(model, idx, max_new_tokens, use_cache, pick)
 
 
 @torch.no_grad()
 def generate_dividing_by_a_zero_temperature(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None,
                                             use_cache=True, generator=None):
     """nanoGPT's loop, which always samples: temperature 0 divides by zero."""
-    out, cache = idx, None
-    for _ in range(max_new_tokens):
-        logits, cache = model(out if cache is None or not use_cache else out[:, -1:], cache if use_cache else None)
-        probs = probabilities(logits[:, -1], temperature, top_k, top_p)
-        out = torch.cat([out, torch.multinomial(probs, 1, generator=generator)], 1)
-    return out
+    return decoded(model, idx, max_new_tokens, use_cache, lambda logits: torch.multinomial(
+        probabilities(logits, temperature, top_k, top_p), 1, generator=generator))
 
 
 def generate_one_row_at_a_time(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True,
