@@ -12,7 +12,7 @@ import nbformat
 
 from .nbgrader_course import api, failure_messages, gradebook, run, start_gradebook
 
-SOLUTION_MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*\n", re.MULTILINE)
+SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", re.MULTILINE)
 
 # One typical mistake per chapter for the demo: (solution cell, correct code, the mistaken code).
 TYPICAL_MISTAKES = {

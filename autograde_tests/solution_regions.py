@@ -50,7 +50,7 @@ def region_owners(source: str) -> list[str]:
     return [owners[i] for i in sorted(owners)]
 
 
-def _definition(tree: ast.AST, qualname: str) -> ast.FunctionDef:
+def definition(tree: ast.AST, qualname: str) -> ast.FunctionDef:
     node = tree
     for part in qualname.split("."):
         node = next(n for n in node.body if getattr(n, "name", None) == part)
@@ -72,7 +72,7 @@ def signature_mismatches(source: str, module) -> list[str]:
     reference = ast.parse(Path(module.__file__).read_text())
     mismatches = []
     for qualname in dict.fromkeys(region_owners(source)):
-        ours, theirs = parameters(_definition(cell, qualname)), parameters(_definition(reference, qualname))
+        ours, theirs = parameters(definition(cell, qualname)), parameters(definition(reference, qualname))
         if ours != theirs:
             mismatches.append(f"{qualname}{ours} in the notebook, {qualname}{theirs} in the reference")
     return mismatches
@@ -82,7 +82,7 @@ def reference_body(module, qualname: str) -> str:
     """The source of a reference definition's body, dedented, without its docstring and a leading
     ``super().__init__()`` (comments kept)."""
     source = Path(module.__file__).read_text()
-    node = _definition(ast.parse(source), qualname)
+    node = definition(ast.parse(source), qualname)
     body = list(node.body)
     start = node.body[0].lineno
     for skipped in (_is_docstring, _is_super_init):

@@ -3,7 +3,8 @@
 Reads submissions from submitted/<student>/<chapter>/ (or, with --zip-collect, from an LMS download
 in downloaded/<chapter>/archive/ through ``nbgrader zip_collect``), grades every pair in isolation and
 in parallel (on this machine, or on the workers of a Dask scheduler), and writes the gradebook,
-autograded/, feedback/, grades.csv and reports/class_report.md. A fault of the grader's own stops it
+autograded/, feedback/, grades.csv, reports/class_report.md and reports/similarity_<chapter>.html (similar
+answers, against classmates and published answers: it informs, it changes no score). A fault of the grader's own stops it
 with one line on stderr and status 1 (what was graded before it is kept).
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from .. import course as nbcourse
 from .. import exchange, nbgrader_course
-from . import batch, bubblewrap, cluster, report
+from . import batch, bubblewrap, cluster, report, similarity
 
 PROG = "python -m autograde_tests.grading"
 
@@ -43,6 +44,10 @@ def parse(argv=None) -> batch.Settings:
     parser.add_argument("--zip-collect", action="store_true", help="first run nbgrader zip_collect for each chapter")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run kernels without bubblewrap: for trusted work only (your own notebooks)")
+    parser.add_argument("--known-solutions", type=Path, metavar="DIR",
+                        help="a folder of published answers (notebooks, Python files) the similarity report compares with")
+    parser.add_argument("--similarity", type=float, default=similarity.THRESHOLD, metavar="THRESHOLD",
+                        help=f"the similarity from which the report lists a pair, 0 to 1 (default: {similarity.THRESHOLD})")
     args = parser.parse_args(argv)
 
     course = args.course.resolve()
@@ -54,6 +59,10 @@ def parse(argv=None) -> batch.Settings:
         parser.error(f"unknown chapter {unknown[0]!r} (chapters: {', '.join(known)})")
     if args.jobs < 1 or args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0 or args.wait_for_workers <= 0:
         parser.error("--jobs, --timeout, --cell-timeout, --memory and --wait-for-workers must be positive")
+    if not 0 < args.similarity <= 1:
+        parser.error(f"--similarity must be above 0 and at most 1, got {args.similarity}")
+    if args.known_solutions is not None and not args.known_solutions.is_dir():
+        parser.error(f"--known-solutions {args.known_solutions}: not a folder")
     released = _released(parser, course, known)
     for chapter in args.chapter or []:
         if chapter not in released:
@@ -69,7 +78,9 @@ def parse(argv=None) -> batch.Settings:
         _expect_bubblewrap(parser)
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
                           args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
-                          refused=tuple(refused), zip_collected=tuple(collected), worker_patience=args.wait_for_workers)
+                          refused=tuple(refused), zip_collected=tuple(collected), worker_patience=args.wait_for_workers,
+                          similarity=args.similarity,
+                          known_solutions=args.known_solutions.resolve() if args.known_solutions else None)
 
 
 def _expect_bubblewrap(parser) -> None:
@@ -115,7 +126,8 @@ def main(argv=None) -> None:
         sys.exit(f"{PROG}: stopped: {exc}")
     csv = report.export_grades(settings.course)
     state = batch.load_state(settings.course)
-    summary = report.write_report(settings.course, state, settings.sandbox)
+    similar = similarity.write_reports(settings.course, settings.chapters, settings.similarity, settings.known_solutions)
+    summary = report.write_report(settings.course, state, settings.sandbox, similar)
     for o in outcomes:
         if o.status == "needs-attention":
             print(f"needs attention  {o.student} / {o.chapter}: {o.reason}")

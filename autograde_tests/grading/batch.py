@@ -55,6 +55,8 @@ class Settings:
     refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
     zip_collected: tuple[str, ...] = ()  # the chapters whose uploads zip collection judged in this run
     worker_patience: float = 300  # seconds with no grading worker connected before the batch stops
+    similarity: float = 0.7  # the similarity report's threshold (``similarity``)
+    known_solutions: Path | None = None  # a folder of published answers the report compares with
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
     if submissions.is_instructors(submitted, nbformat.reads(solution, as_version=4)):
         return attention(f"this is the instructor's notebook (it holds solutions/{pair.chapter}'s solution "
                          "regions or hidden tests): not graded", digest=digest)
-    release = nbformat.read(_released(course, pair.chapter), as_version=4)
+    release = nbformat.read(released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
     job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
@@ -290,7 +292,7 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
             for name in CARRIED if name in pair.extra_files}
 
 
-def _released(course: Path, chapter: str) -> Path:
+def released(course: Path, chapter: str) -> Path:
     """The learners' notebook of ``chapter``, in the course's release folder."""
     release = nbgrader_course.config(course).CourseDirectory.get("release_directory", "release")
     return course / release / chapter / f"{chapter}.ipynb"

@@ -20,8 +20,9 @@ def export_grades(course: Path) -> Path:
     return path
 
 
-def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
-    """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes."""
+def write_report(course: Path, state: dict, sandboxed: bool, similar: list[str] = ()) -> Path:
+    """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes, and
+    ``similar``, the similarity report's section."""
     folder = course / "reports"
     folder.mkdir(exist_ok=True)
     latest = {f"{o['student']}/{o['chapter']}": o for o in state.values()}
@@ -75,6 +76,7 @@ def write_report(course: Path, state: dict, sandboxed: bool) -> Path:
     if advised:
         lines += ["", "## What some submissions' code does (graded as usual; worth a look)", ""]
         lines += [f"- {e['student']} / {e['chapter']}: {'; '.join(e['advisories'])}" for e in advised]
+    lines += ["", *similar] if similar else []
     _plot_scores(scores, folder / "scores.png")
     _plot_failures(attempts, failures, folder / "failures.png")
     path = folder / "class_report.md"

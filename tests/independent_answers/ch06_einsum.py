@@ -1,0 +1,139 @@
+"""Einsum style: contractions written with torch.einsum, RoPE as a complex rotation, one-hot loss, matrix top-p."""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x**2) + eps) * weight over the last axis; weight (d_model,), no bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_model) -> (..., d_model)."""
+        mean_sq = torch.einsum("...d,...d->...", x, x) / x.shape[-1]
+        return torch.einsum("...d,...,d->...d", x, (mean_sq + self.eps) ** -0.5, self.weight)
+
+
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """(B, h, T, d_k) -> (B, h, T, d_k): pair (i, i + d_k/2) turned by positions * base**(-2i/d_k)."""
+    n = x.shape[-1] // 2
+    freqs = torch.pow(base, torch.arange(n, device=x.device, dtype=torch.float64) * (-2.0 / x.shape[-1]))
+    phase = torch.einsum("t,f->tf", positions.to(torch.float64), freqs)  # (T, d_k/2)
+    # (x1 + i x2) * e^{i phase} = (x1 cos - x2 sin) + i (x2 cos + x1 sin): the half-split rotation
+    z = torch.complex(x[..., :n], x[..., n:])
+    turn = torch.complex(torch.cos(phase).to(x.dtype), torch.sin(phase).to(x.dtype))
+    w = z * turn
+    return torch.cat((w.real, w.imag), dim=-1)
+
+
+class DecoderBlock(nn.Module):
+    """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+        super().__init__()
+        self.heads = n_heads
+        self.attn_norm = RMSNorm(d_model, eps)
+        self.ffn_norm = RMSNorm(d_model, eps)
+        for nm in ("w_q", "w_k", "w_v", "w_o"):
+            setattr(self, nm, nn.Linear(d_model, d_model, bias=False))
+        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
+        self.w_up = nn.Linear(d_model, d_ff, bias=False)
+        self.w_down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
+        n_new = x.shape[1]
+        a = self.attn_norm(x)
+
+        def heads_of(layer):  # (B, T, d_model) @ W^T, then (B, h, T, d_k)
+            y = torch.einsum("btc,oc->bto", a, layer.weight)
+            return y.unflatten(-1, (self.heads, -1)).permute(0, 2, 1, 3)
+
+        q = apply_rotary(heads_of(self.w_q), positions)
+        k = apply_rotary(heads_of(self.w_k), positions)
+        v = heads_of(self.w_v)
+        if cache is not None:
+            k = torch.cat((cache[0], k), dim=2)
+            v = torch.cat((cache[1], v), dim=2)
+        n_all = k.shape[2]
+        key_at = torch.arange(n_all, device=x.device)
+        query_at = torch.arange(n_new, device=x.device) + (n_all - n_new)
+        visible = key_at.unsqueeze(0) <= query_at.unsqueeze(1)  # (T, T_past + T)
+        logits = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+        attn = logits.masked_fill(visible.logical_not(), -math.inf).softmax(-1)
+        mixed = torch.einsum("bhqk,bhkd->bqhd", attn, v).flatten(2)  # (B, T, d_model)
+        x = x + torch.einsum("btc,oc->bto", mixed, self.w_o.weight)
+        f = self.ffn_norm(x)
+        gated = F.silu(torch.einsum("btc,fc->btf", f, self.w_gate.weight)) * torch.einsum("btc,fc->btf", f, self.w_up.weight)
+        x = x + torch.einsum("btf,of->bto", gated, self.w_down.weight)
+        return x, (k, v)
+
+
+class GPT(nn.Module):
+    """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.blocks = nn.ModuleList([DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers)])
+        self.norm = RMSNorm(d_model, eps)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor, cache: list | None = None):
+        """idx: (B, T), after the cached tokens. Returns logits (B, T, vocab) and the new cache."""
+        olds = [None] * len(self.blocks) if cache is None else list(cache)
+        offset = 0 if cache is None else olds[0][0].shape[2]
+        where = offset + torch.arange(idx.shape[1], device=idx.device)
+        h = self.embed.weight[idx]  # (B, T, d_model): a row of the table per token
+        news = []
+        for blk, old in zip(self.blocks, olds):
+            h, kv = blk(h, where, old)
+            news.append(kv)
+        return torch.einsum("btd,vd->btv", self.norm(h), self.head.weight), news
+
+
+def lm_loss(model, idx):
+    """Mean cross-entropy of predicting idx[:, 1:] from idx[:, :-1]."""
+    out = model(idx[:, :-1])[0]  # (B, T - 1, V)
+    log_p = out.log_softmax(dim=-1)
+    picks = F.one_hot(idx[:, 1:], num_classes=out.shape[-1]).to(log_p.dtype)
+    return -torch.einsum("btv,btv->", log_p, picks) / picks[..., 0].numel()
+
+
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+    """idx (B, T) -> (B, T + max_new_tokens): greedy when temperature == 0, else sampled with multinomial."""
+    tokens, memory = idx, None
+    while tokens.shape[1] < idx.shape[1] + max_new_tokens:
+        if use_cache:
+            step_in = tokens if memory is None else tokens[:, -1:]
+            scores, memory = model(step_in, memory)
+        else:
+            scores = model(tokens)[0]
+        s = scores[:, -1]  # (B, V)
+        if temperature == 0:
+            pick = torch.argmax(s, dim=-1, keepdim=True)
+        else:
+            s = s / temperature
+            vocab = s.shape[-1]
+            if top_k is not None:
+                floor = torch.sort(s, dim=-1, descending=True).values[:, min(top_k, vocab) - 1:min(top_k, vocab)]
+                s = torch.where(s >= floor, s, torch.full_like(s, -math.inf))
+            p = F.softmax(s, dim=-1)
+            if top_p is not None:
+                ranked, order = torch.sort(p, dim=-1, descending=True)
+                strictly_before = torch.ones(vocab, vocab, dtype=p.dtype, device=p.device).triu(1)
+                mass_before = torch.einsum("bj,ji->bi", ranked, strictly_before)  # sum of the likelier ones
+                keep = (mass_before < top_p).gather(-1, torch.argsort(order, dim=-1))  # back to vocabulary order
+                p = p * keep
+                p = p / p.sum(dim=-1, keepdim=True)
+            pick = torch.multinomial(p, 1, generator=generator)
+        tokens = torch.cat((tokens, pick), dim=1)
+    return tokens
