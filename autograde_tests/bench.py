@@ -156,6 +156,34 @@ def class_grading(repeats: int, students: int, class_size: int, warm: bool = Tru
     return rows
 
 
+def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder_only") -> list[Row]:
+    """The similarity report of one chapter (``grading.similarity.write_reports``) for classes of ``sizes``
+    learners. Each learner's answers are the course's solution with a list of numbers of their own added,
+    as long as the answer: every learner is then similar to the solution and no two learners are alike, so
+    the time covers reading, fingerprinting and all the pairs, and the page has its full 100 pairs to show."""
+    from .grading import similarity
+
+    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-similarity-")))
+    course.release(root, chapter)
+    solved = course.solved(root, chapter)
+    rows = []
+    for size in sizes:
+        for n in range(size):
+            notebook = nbformat.from_dict(solved)
+            for cell in notebook.cells:
+                if cell.metadata.get("nbgrader", {}).get("solution"):
+                    numbers = ", ".join(str(1000 * n + i) for i in range(len(cell.source) // 8))
+                    cell.source += f"\n\nnumbers_of_my_own = [{numbers}]"
+            course.submit(root, f"student{n:04d}", chapter, notebook)
+        seconds = median_seconds(lambda: similarity.write_reports(root, [chapter], similarity.THRESHOLD, None), repeats)
+        exercises = sum(bool(c.metadata.get("nbgrader", {}).get("solution")) for c in solved.cells)
+        rows.append(Row(f"the similarity report of {chapter} ({exercises} exercises), a class of {size}: "
+                        f"{size * (size - 1) // 2 * exercises:,} pairs of classmates' answers", f"{seconds:.1f} s",
+                        "", f"{seconds / size * 1000:.0f} ms per learner"))
+    shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
 # ------------------------------------------------------------------- 3. the reference against torch
 
 
@@ -503,7 +531,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
-    parser.add_argument("--figures", nargs="+", choices=list("12345678"), default=list("12345678"),
+    parser.add_argument("--figures", nargs="+", choices=list("123456789"), default=list("123456789"),
                         help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
@@ -528,6 +556,8 @@ def main(argv=None) -> None:
             repeats, *(([64, 128], [32], 2) if args.smoke else ([512, 1024, 2048, 4096, 8192], [64, 128, 256], 2)),
             args.out.parent / "_static" / "07_attention_at_scale" / "scale.json")),
         "8": ("The times the notebooks promise", lambda: promises(repeats, args.smoke)),
+        "9": ("The similarity report against the size of the class",
+              lambda: similarity_report(repeats, [4] if args.smoke else [100, 250, 500])),
     }
     chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
     sections = kept_sections(args.out)

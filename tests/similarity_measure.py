@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 class Separation:
     exercise: str
     lowest_copy: float  # of the disguised copies, against the solution
-    copied_by: str  # the disguise that scored lowest
+    copied_by: str  # the disguise that scored lowest ("every disguise" when all scored the same)
     highest_independent: float  # of the independent answers, against each other and the solution
 
 
@@ -60,11 +60,12 @@ def measure(chapter: str) -> list[Separation]:
               for module in independent_modules(chapter)]
     found = []
     for exercise, answer in solution.items():
-        reference = similarity.fingerprint(answer)
-        scored = {name: float(similarity.similarities([reference, similarity.fingerprint(c[exercise])])[0, 1])
+        reference = similarity.Fingerprint(answer)
+        scored = {name: float(similarity.similarities([reference, similarity.Fingerprint(c[exercise])])[0, 1])
                   for name, c in copies.items()}
-        lowest = min(scored, key=scored.get)
-        score = similarity.similarities([reference, *(similarity.fingerprint(o[exercise]) for o in others)])
+        lowest = min(scored, key=scored.get) if min(scored.values()) < max(scored.values()) else "every disguise"
+        scored["every disguise"] = max(scored.values())
+        score = similarity.similarities([reference, *(similarity.Fingerprint(o[exercise]) for o in others)])
         for i in range(len(score)):  # nothing against itself
             score[i, i] = 0.0
         found.append(Separation(exercise, scored[lowest], lowest, float(score.max())))

@@ -19,11 +19,13 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
     text = out.read_text()
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
                    "5. Building and testing", "6. Generating with and without the KV cache",
-                   "7. Attention at scale", "8. The times the notebooks promise"):
+                   "7. Attention at scale", "8. The times the notebooks promise",
+                   "9. The similarity report against the size of the class"):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
     assert "tiled, blocks of 32, T=128" in text and "MiB" in text
     assert "check that your Transformer can learn, all " in text and "(promised)" in text
+    assert "the similarity report of 06_decoder_only (6 exercises), a class of 4" in text
 
 
 def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):

@@ -53,7 +53,8 @@ def test_benchmarks_appendix_includes_every_figure_measured(html):
     text = (html / "benchmarks.html").read_text()
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
                    "5. Building and testing", "6. Generating with and without the KV cache",
-                   "7. Attention at scale"):
+                   "7. Attention at scale", "8. The times the notebooks promise",
+                   "9. The similarity report against the size of the class"):
         assert figure in text, f"benchmarks.html has no table for figure '{figure}'"
     assert "the floor" in text and "medians of" in text and "CPU:" in text and "students/min" in text
 

@@ -27,6 +27,15 @@ def graded(tmp_path_factory) -> Path:
     return root
 
 
+def test_the_batch_writes_a_similarity_report_for_every_chapter_it_graded(graded):
+    chapters = sorted({CHAPTER, *(case.chapter for case in LATER)})
+    summary = (graded / "reports" / "class_report.md").read_text()
+    assert "## Similar answers" in summary
+    for chapter in chapters:
+        assert (graded / "reports" / f"similarity_{chapter}.html").is_file()
+        assert f"| {chapter} | " in summary.split("## Similar answers")[1]
+
+
 @pytest.mark.parametrize("case", LATER, ids=lambda c: f"{c.student}/{c.chapter}")
 def test_an_attack_on_a_later_chapter_gets_its_outcome(graded, case):
     if case.bounded and unbounded():

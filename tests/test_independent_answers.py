@@ -38,3 +38,8 @@ def test_an_independent_answer_passes_every_check_of_its_chapter(name, capsys):
         exec(cell, dict(vars(module)))  # noqa: S102 (the course's own test cells)
     out = capsys.readouterr().out
     assert out.count("✔") == 2 * len(cells), out
+
+
+@pytest.mark.parametrize("chapter", course.chapters(REPO))
+def test_every_chapter_has_five_independent_answers(chapter):
+    assert sum(chapter_of(name) == chapter for name in MODULES) >= 5

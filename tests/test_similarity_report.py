@@ -134,5 +134,10 @@ def test_each_disguise_leaves_an_answer_as_similar_as_itself():
         return weights @ v
     """)
     for name, disguise in DISGUISES.items():
-        prints = [similarity.fingerprint(body), similarity.fingerprint(disguise(body))]
+        prints = [similarity.Fingerprint(body), similarity.Fingerprint(disguise(body))]
         assert similarity.similarities(prints)[0, 1] == 1.0, name
+
+
+@pytest.mark.parametrize("code", ["x = 1\n" * 5000, "y = " + "(" * 5000 + "1" + ")" * 5000, "def f(:\n  pass"])
+def test_an_answer_too_long_too_deep_or_broken_is_compared_as_written(code):
+    assert similarity.canonical(code) == code

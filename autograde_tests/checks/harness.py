@@ -426,13 +426,18 @@ def candidates(mistakes: Iterable[Mistake], *args, part: int | None = None) -> I
 def name_the_mistake(
     name: str, what: str, actual: torch.Tensor, expected: torch.Tensor, candidates: Iterable[tuple[Mistake, object]]
 ) -> None:
-    """Fail naming the first mistake whose result matches ``actual``, else with the largest error.
+    """Fail naming the mistake whose result matches ``actual``, else with the largest error.
 
-    ``candidates`` pairs each mistake with its result for this case (see ``candidates``).
+    ``candidates`` pairs each mistake with its result for this case (see ``candidates``). When several match
+    (in float32, a small difference between two mistakes can hide under the tolerance), the nearest one is
+    named, the first of equals.
     """
-    for mistake, result in candidates:
-        if isinstance(result, torch.Tensor) and result.shape == actual.shape and close(actual, result):
-            fail(name, mistake.problem, mistake.hint)
+    matching = [(float((actual - result.to(actual)).abs().max()) if actual.numel() else 0.0, i, mistake)
+                for i, (mistake, result) in enumerate(candidates)
+                if isinstance(result, torch.Tensor) and result.shape == actual.shape and close(actual, result)]
+    if matching:
+        _, _, mistake = min(matching, key=lambda m: m[:2])
+        fail(name, mistake.problem, mistake.hint)
     fail_difference(name, what, actual, expected)
 
 

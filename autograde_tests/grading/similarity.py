@@ -13,8 +13,8 @@ in a folder the instructor names (``--known-solutions``: earlier years', or answ
 
 import ast
 import difflib
+import hashlib
 import html
-import io
 import re
 import textwrap
 from dataclasses import dataclass
@@ -23,19 +23,23 @@ from pathlib import Path
 import nbformat
 import numpy as np
 from copydetect import CodeFingerprint, compare_files
-from copydetect.utils import highlight_overlap
+from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
 from .. import course as nbcourse
 from .. import solution_regions
 from . import batch, files, submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
-THRESHOLD = 0.7  # the default, between copies (0.88 and up) and independent answers (0.5 and below): see the guide
+THRESHOLD = 0.7  # the default, between copies (0.88 and up) and independent answers (0.39 and below): see the guide
 # Exercises whose honest answers are alike by nature, as measured on independent answers: there a similar pair
 # tells little, and the page says so.
-FEW_WAYS = {"CrossAttention": "most honest answers are one call of the imported MultiHeadAttention"}
+FEW_WAYS = {
+    "CrossAttention": "most honest answers are one call of the imported MultiHeadAttention",
+    "padding_mask": "most honest answers compare torch.arange with the lengths, in a line or two",
+}
 ANSWER_CHARS = 20_000  # an answer longer than this is compared by its beginning
 NOTEBOOK_BYTES = 20 * 2**20
+STATEMENTS = 200  # the longest block an answer is put in canonical form with (a long answer has some 30)
 SHOWN = 100  # pairs a chapter's page shows side by side, most similar first; its table lists every pair
 
 
@@ -147,23 +151,41 @@ def similarities(prints: list[CodeFingerprint]) -> np.ndarray:
     return np.maximum(shared / own[:, None], shared / own[None, :])
 
 
-def fingerprint(code: str) -> CodeFingerprint:
-    """The fingerprints of an answer's canonical form (``canonical``)."""
-    return CodeFingerprint("answer.py", NOISE, GUARANTEE - NOISE + 1, fp=io.StringIO(canonical(code)))
+class Fingerprint(CodeFingerprint):
+    """copydetect's fingerprint of an answer's canonical form (``canonical``), its k-grams hashed the same way
+    in every process: copydetect's own hash is Python's ``hash``, which each process salts, so that the
+    winnowing would keep other k-grams, and list other pairs, from one run to the next."""
+
+    def __init__(self, code: str):  # the attributes copydetect's CodeFingerprint sets, as it sets them
+        self.filename, self.raw_code, self.k = "answer.py", canonical(code), NOISE
+        self.filtered_code, self.offsets = filter_code(self.raw_code, self.filename)
+        grams = [self.filtered_code[i:i + NOISE].encode() for i in range(len(self.filtered_code) - NOISE + 1)]
+        hashes = np.array([int.from_bytes(hashlib.blake2b(g, digest_size=8).digest(), "little", signed=True)
+                           for g in grams], dtype=np.int64)
+        kept, where = winnow(hashes, GUARANTEE - NOISE + 1, remove_duplicates=False) if grams else (hashes, hashes)
+        self.hash_idx = {}
+        for value, index in zip(kept.tolist(), where.tolist()):
+            self.hash_idx.setdefault(value, []).append(index)
+        self.hashes = set(self.hash_idx)
+        self.token_coverage = get_token_coverage(self.hash_idx, NOISE, len(self.filtered_code))
 
 
 def canonical(code: str) -> str:
     """The answer as it is compared, written one way whatever the usual disguises did: comments and layout
     redone (``ast.unparse``), a helper called once put back where it is called, a variable read once
     replaced by its value, and neighbouring statements that do not depend on each other in a fixed order.
-    Code that does not parse is compared as it is."""
+    Code that does not parse, or has blocks of more than ``STATEMENTS`` statements (the steps take time
+    that grows with the square of a block's length), is compared as it is."""
     try:
         tree = ast.parse(code)
-    except (SyntaxError, ValueError, RecursionError):
+        blocks = [n for n in ast.walk(tree) if isinstance(getattr(n, "body", None), list)]
+        if any(len(n.body) > STATEMENTS for n in blocks):
+            return code
+        for node in blocks:
+            node.body = _in_order(_variables_inlined(_helpers_inlined(node.body)))
+        return ast.unparse(ast.fix_missing_locations(tree))
+    except (SyntaxError, ValueError, RecursionError):  # RecursionError: nesting too deep for ast
         return code
-    for node in [n for n in ast.walk(tree) if isinstance(getattr(n, "body", None), list)]:
-        node.body = _in_order(_variables_inlined(_helpers_inlined(node.body)))
-    return ast.unparse(ast.fix_missing_locations(tree))
 
 
 def _names(node: ast.AST, ctx: type) -> set[str]:
@@ -239,7 +261,7 @@ def _in_order(body: list[ast.stmt]) -> list[ast.stmt]:
 def similar_pairs(exercise: str, answers: list[Answer], threshold: float) -> list[Pair]:
     """Every pair of a learner's answer with a classmate's or a known one whose similarity is ``threshold``
     or more, most similar first."""
-    prints = [fingerprint(a.code) for a in answers]
+    prints = [Fingerprint(a.code) for a in answers]
     score = similarities(prints)
     pairs = []
     for i, j in zip(*np.nonzero(np.triu(score >= threshold, k=1))):
