@@ -71,6 +71,10 @@ def test_the_report_lists_exactly_the_copies(released, tmp_path):
     exercises = list(similarity.answer_cells(release, release))
     solution = f"the course's solution (solutions/{CHAPTER})"
     assert pairs_of(root) == {(e, who, other) for e in exercises for who, other in (("alice", "bob"), ("carol", solution))}
+    section = "\n".join(similarity.write_reports(root, [CHAPTER], similarity.THRESHOLD, None))
+    page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
+    for text in (section, page):  # it informs: "similar", never a verdict
+        assert "similar" in text.lower() and not any(w in text.lower() for w in ("copied", "plagiar", "cheat"))
 
 
 def test_a_folder_of_known_solutions_is_compared_too(released, tmp_path):

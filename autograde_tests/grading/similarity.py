@@ -293,9 +293,9 @@ def compare_chapter(course: Path, chapter: str, threshold: float, folder: Path |
 def write_reports(course: Path, chapters: list[str], threshold: float, folder: Path | None) -> list[str]:
     """reports/similarity_<chapter>.html for each chapter; the class report's section, as Markdown lines."""
     lines = ["## Similar answers", "", f"Answers whose similarity is {threshold:g} or more, exercise by exercise, "
-             "against classmates and known published answers. Similar is not copied: see the instructor guide for "
-             "how to read it. No score was changed.", "", "| chapter | similar pairs | most similar | report |",
-             "| --- | --- | --- | --- |"]
+             "against classmates and known published answers. Similar is not proof that one was taken from the "
+             "other: the instructor guide says how to read it. No score was changed.", "",
+             "| chapter | similar pairs | most similar | report |", "| --- | --- | --- | --- |"]
     for chapter in chapters:
         pairs = compare_chapter(course, chapter, threshold, folder)
         path = course / "reports" / f"similarity_{chapter}.html"
@@ -349,5 +349,6 @@ def _page(chapter: str, pairs: list[Pair], threshold: float) -> str:
             f"<style>{PAGE_STYLE}</style></head><body><h1>Similar answers: {e(chapter)}</h1><p>Pairs of answers whose "
             f"similarity is {threshold:g} or more (1.0: one holds all of the other's fingerprints), most similar first, "
             "each in the form it is compared in (comments and layout redone, helpers and variables used once folded "
-            "in, independent statements in a fixed order), the parts they share marked, and as written. Similar is not copied: short exercises leave few ways to write them, "
-            f"and the instructor guide says how much each exercise's similarity tells.</p>{table}{shown}</body></html>\n")
+            "in, independent statements in a fixed order), the parts they share marked, and as written. Similar is "
+            "not proof that one was taken from the other: short exercises leave few ways to write them, and the "
+            f"instructor guide says how much each exercise's similarity tells.</p>{table}{shown}</body></html>\n")
