@@ -371,6 +371,47 @@ class BlockOneNorm(BlockBase):
         return x + self.ffn(self.attn_norm(x)), (k, v)
 
 
+class BlockEpsNotPassedOn(BlockBase):
+    def __init__(self, d_model, n_heads, d_ff, eps=1e-6):
+        super().__init__(d_model, n_heads, d_ff)
+
+
+def test_decoder_block_hidden_cases_name_an_eps_not_passed_on():
+    with pytest.raises(AssertionError, match="the block was given eps=0.1, but its attn_norm has eps=1e-06"):
+        check_decoder_block(BlockEpsNotPassedOn, hidden=True)
+
+
+def apply_rotary(x, positions, base=10000.0):
+    """This module's "notebook" RoPE, wrong (interleaved pairs): BlockAsInTheNotebook calls it by name."""
+    return rotary_interleaved(x, positions, base)
+
+
+class BlockAsInTheNotebook(BlockBase):
+    """Right, but built on this module's wrong apply_rotary and an RMSNorm without its weight."""
+
+    def __init__(self, d_model, n_heads, d_ff, eps=1e-6):
+        super().__init__(d_model, n_heads, d_ff, eps)
+        self.attn_norm, self.ffn_norm = RMSNormWithoutTheWeight(d_model, eps), RMSNormWithoutTheWeight(d_model, eps)
+
+    def rotate(self, t, positions):
+        return apply_rotary(t, positions)
+
+
+class BlockMaskOnTheCPU(BlockBase):
+    def allowed(self, T, total, device):
+        return torch.arange(total) <= torch.arange(total - T, total)[:, None]
+
+
+def test_a_block_that_makes_its_mask_on_a_fixed_device_is_told_so():
+    with pytest.raises(AssertionError, match="makes a tensor on a fixed device"):
+        check_decoder_block(BlockMaskOnTheCPU)
+
+
+def test_a_correct_block_gets_full_marks_whatever_its_apply_rotary_and_rms_norm_do(capsys):
+    check_decoder_block(BlockAsInTheNotebook, hidden=True)
+    assert "✔ DecoderBlock" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("DecoderBlock", [R.DecoderBlock, BlockTorchAttention, BlockEinsum])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsys):

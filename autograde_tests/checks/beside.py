@@ -129,6 +129,40 @@ def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
     return {"unused": [key for key, _ in convolutions if key not in called], "linear": linear.count}
 
 
+def with_global(module: nn.Module, name: str, value, *args):
+    """``module(*args)`` while the global ``name`` that its class's code reads (the notebook's namespace) is
+    ``value``; as it was afterwards."""
+    namespace, absent = type(module).forward.__globals__, object()
+    saved = namespace.get(name, absent)
+    namespace[name] = value
+    try:
+        return module(*args)
+    finally:
+        if saved is absent:
+            namespace.pop(name, None)
+        else:
+            namespace[name] = saved
+
+
+def unrotated(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """RoPE's stand-in where only shapes and devices count (a run on meta tensors): x as it is."""
+    return x
+
+
+class _WithoutRoPE(nn.Module):
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args):
+        return with_global(self.block, "apply_rotary", unrotated, *args)
+
+
+def without_rope(block: nn.Module) -> nn.Module:
+    """``block``, its calls of the notebook's ``apply_rotary`` answered by ``unrotated``."""
+    return _WithoutRoPE(block)
+
+
 class _MultinomialInputs(TorchFunctionMode):
     """Records the probabilities every torch.multinomial call draws from, and how many calls were given no
     generator (their draws cannot be reproduced)."""

@@ -27,8 +27,9 @@ implementation per entry):
                     not used; the cache used although use_cache=False
 
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
-be: the GPT check runs every case with stand-in blocks (``stand_ins``) and PyTorch's RMSNorm in place
-of the learner's, and the loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
+be: the block check lends PyTorch's RMSNorm as the block's norms and the course's RoPE as the
+``apply_rotary`` its code calls; the GPT check runs every case with stand-in blocks (``stand_ins``) and
+PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
 a token is drawn: ``torch.multinomial(probs, 1, generator=generator)`` on the final probabilities.
 """
 
@@ -319,11 +320,12 @@ class BlockCase:
     d_model: int
     n_heads: int
     d_ff: int
+    eps: float = 1e-6  # passed as ``eps=`` when it is not the default
 
 
 VISIBLE_BLOCK = [BlockCase(2, 5, 0, 8, 2, 12), BlockCase(3, 2, 4, 12, 3, 20), BlockCase(2, 1, 6, 8, 2, 16)]
-HIDDEN_BLOCK = [BlockCase(3, 6, 0, 16, 4, 24), BlockCase(2, 3, 5, 12, 2, 16), BlockCase(4, 1, 3, 8, 1, 8),
-                BlockCase(1, 4, 7, 12, 3, 28)]
+HIDDEN_BLOCK = [BlockCase(3, 6, 0, 16, 4, 24), BlockCase(2, 3, 5, 12, 2, 16, eps=0.1), BlockCase(4, 1, 3, 8, 1, 8),
+                BlockCase(1, 4, 7, 12, 3, 28, eps=1e-3)]
 BLOCK_HINT = (
     "the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model)), w_q, w_k, w_v, w_o "
     "(nn.Linear(d_model, d_model, bias=False)), w_gate and w_up (nn.Linear(d_model, d_ff, bias=False)) and "
@@ -337,6 +339,9 @@ CACHE_ONLY_NEW = (
     "the cache returned holds only the new tokens' keys and values: it must hold every token's so far",
     "append the new k and v to the cached ones (torch.cat([cache[0], k], dim=2)) and return the result.",
 )
+BLOCK_STAND_IN_NOTE = (" (this comparison runs your DecoderBlock with PyTorch's nn.RMSNorm as attn_norm and "
+                       "ffn_norm, and the course's RoPE as the apply_rotary it calls, so the difference comes from "
+                       "the block itself)")
 ONLY_WITH_A_CACHE = (
     "It fails only when given cached tokens (with an empty cache it runs): with T_past cached tokens there are "
     "T_past + T keys for T queries, so the scores are (T, T_past + T), and a mask or a shape that assumes T keys "
@@ -478,13 +483,16 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
     seed = 6300 if hidden else 630
 
     def check_case(i: int, case: BlockCase, device, dtype) -> None:
-        reference = randomise(ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff).double(), Inputs(seed + i + 500))
+        reference = randomise(ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff, case.eps).double(),
+                              Inputs(seed + i + 500))
         x64, positions, cache64 = _block_inputs(case, seed + i)
         with torch.no_grad():
             expected, expected_cache = reference(x64, positions, cache64)
-        learner = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).to(torch.float64)
+        eps = {} if case.eps == 1e-6 else {"eps": case.eps}
+        learner = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff, **eps).to(torch.float64)
         copy_weights(name, learner, reference, BLOCK_HINT)
-        learner = learner.to(device=device, dtype=dtype)
+        _expect_eps_passed_on(name, learner, case.eps)
+        learner = _with_stand_in_norms(learner, reference).to(device=device, dtype=dtype)
         x = x64.to(device=device, dtype=dtype)
         cache = None if cache64 is None else tuple(t.to(device=device, dtype=dtype) for t in cache64)
         with torch.no_grad(), default_dtype(dtype):
@@ -497,35 +505,60 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
         new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length)
         if not close(out, expected):
             made = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
-            name_the_mistake(name, "the output", out, expected, made)
+            name_the_mistake(name, "the output" + BLOCK_STAND_IN_NOTE, out, expected, made)
         for what, got, want in zip(("keys", "values"), new_cache, expected_cache):
             if not close(got, want):
                 hint = "the cache holds k after RoPE (rotated) and v as projected, old tokens first."
                 fail(name, f"the cache's {what} differ from the reference's ({what} of every token so far)", hint)
 
-    def on_meta() -> None:
+    def on_meta() -> None:  # the learner's own apply_rotary is not the block's to answer for here either
         case = cases[0]
-        module = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).double()
+        meta = copy.deepcopy(construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).double()).to("meta")
         x, positions, _ = _block_inputs(case, seed)
-        expect_device_agnostic(name, copy.deepcopy(module).to("meta"), (x, positions))
+        expect_device_agnostic(name, make_beside(meta, beside.without_rope, meta), (x, positions))
 
     with strict_numerics(), one_thread():
         run_cases(name, cases, check_case, after=on_meta)
+
+
+def _expect_eps_passed_on(name, block, eps: float) -> None:
+    """The block's norms hold the eps it was given, where they keep it as ``eps`` (a norm that names it
+    otherwise is not judged here: the norms are stand-ins in every comparison)."""
+    for norm in ("attn_norm", "ffn_norm"):
+        kept = getattr(getattr(block, norm, None), "eps", None)
+        if isinstance(kept, float) and kept != eps:
+            fail(name, f"the block was given eps={eps:g}, but its {norm} has eps={kept:g}: eps is not passed on",
+                 "self.attn_norm, self.ffn_norm = RMSNorm(d_model, eps), RMSNorm(d_model, eps).")
+
+
+def _with_stand_in_norms(block, reference):
+    """The learner's block with PyTorch's RMSNorm (``reference``'s weights and eps) lent as its attn_norm and
+    ffn_norm: the block is graded on its own, whatever the learner's RMSNorm does (it has its own check)."""
+    block.attn_norm = lend(block, _torch_rms_norm(reference.attn_norm))
+    block.ffn_norm = lend(block, _torch_rms_norm(reference.ffn_norm))
+    return block
+
+
+def _forward(name, block, *args):
+    """``block(*args)`` with the course's RoPE lent as the ``apply_rotary`` its code calls (the notebook's own
+    function, by name): the block is graded on its own, whatever the learner's apply_rotary does."""
+    rotary = lend(block, ref.apply_rotary)
+    return call(name, lambda *given: run_beside(beside.with_global, block, "apply_rotary", rotary, *given), *args)
 
 
 def _call_block(name, block, x, positions, cache):
     """The block's forward. An error only when given a cache is told apart by a call with an empty cache: one
     that runs points at the number of keys (a mask for T keys), one that fails at how the cache is appended."""
     if cache is None:
-        return call(name, block, x, positions)
+        return _forward(name, block, x, positions)
     try:
-        return call(name, block, x, positions, cache)
+        return _forward(name, block, x, positions, cache)
     except AssertionError as error:
         if "raised" not in str(error):
             raise
         empty = tuple(t[:, :, :0] for t in cache)
         try:
-            call(name, block, x, torch.arange(x.size(1), device=positions.device), empty)
+            _forward(name, block, x, torch.arange(x.size(1), device=positions.device), empty)
             problem, hint = ONLY_WITH_A_CACHE
         except AssertionError:
             problem, hint = f"It fails whenever it is given a cache, even an empty one: {CACHE_AXIS[0]}?", CACHE_AXIS[1]
