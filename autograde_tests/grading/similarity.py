@@ -2,10 +2,12 @@
 every known published answer, exercise by exercise. It informs; it never changes a score.
 
 What is compared is what a learner wrote: in each answer cell, the lines that are not the release's own
-(signature, docstring, stub). Each answer is fingerprinted with ``copydetect`` (Schleimer, Wilkerson and
-Aiken's winnowing, the method of Stanford's MOSS): its code is tokenised and every name becomes the same
-token, so renamed variables, comments and whitespace change nothing, and a k-gram of tokens that survives
-the winnowing is a fingerprint. Two answers' similarity is the larger share of either one's fingerprints
+(signature, docstring, stub). Each answer is first written one way (``canonical``), so that reordered
+statements and a helper extracted or inlined change nothing; then fingerprinted with ``copydetect``
+(Schleimer, Wilkerson and Aiken's winnowing, the method of Stanford's MOSS): its code is tokenised and every
+name becomes the same token, so renamed variables, comments and whitespace change nothing either, and a
+k-gram of tokens that survives the winnowing is a fingerprint (hashed the same way in every process:
+``Fingerprint``). Two answers' similarity is the larger share of either one's fingerprints
 that the other holds too: 1.0 when one answer holds all of the other. The known answers are the course's
 own (the instructor notebook, whose solutions are the reference's bodies) and every notebook or Python file
 in a folder the instructor names (``--known-solutions``: earlier years', or answers found online).
