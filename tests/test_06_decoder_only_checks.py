@@ -235,14 +235,19 @@ class BlockBase(R.DecoderBlock):
     def ffn(self, h):
         return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
-    def forward(self, x, positions, cache=None):
-        B, T, _ = x.shape
-        q, k, v = self.project(self.attn_norm(x), positions)
+    def attention(self, h, positions, cache):
+        """The attention sublayer on its input h: its output, and the cache with the new keys and values."""
+        B, T, _ = h.shape
+        q, k, v = self.project(h, positions)
         if cache is not None:
             k, v = self.append(cache, k, v)
-        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
-        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
-        return x + self.ffn(self.ffn_norm(x)), (k, v)
+        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), h.device))
+        return self.w_o(out.transpose(1, 2).reshape(B, T, -1)), (k, v)
+
+    def forward(self, x, positions, cache=None):
+        attended, cache = self.attention(self.attn_norm(x), positions, cache)
+        x = x + attended
+        return x + self.ffn(self.ffn_norm(x)), cache
 
 
 class BlockTorchAttention(BlockBase):
@@ -318,12 +323,9 @@ class BlockChapter3Mask(BlockBase):
 
 class BlockCacheOfTheNewTokensOnly(BlockBase):
     def forward(self, x, positions, cache=None):
-        B, T, _ = x.shape
-        q, k_new, v_new = self.project(self.attn_norm(x), positions)
-        k, v = self.append(cache, k_new, v_new) if cache is not None else (k_new, v_new)
-        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
-        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
-        return x + self.ffn(self.ffn_norm(x)), (k_new, v_new)
+        out, (k, v) = super().forward(x, positions, cache)
+        past = 0 if cache is None else cache[0].size(2)
+        return out, (k[:, :, past:], v[:, :, past:])
 
 
 class BlockNoMask(BlockBase):
@@ -351,24 +353,16 @@ class BlockUnscaled(BlockBase):
 
 class BlockPostNorm(BlockBase):
     def forward(self, x, positions, cache=None):
-        B, T, _ = x.shape
-        q, k, v = self.project(x, positions)
-        if cache is not None:
-            k, v = self.append(cache, k, v)
-        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
-        x = self.attn_norm(x + self.w_o(out.transpose(1, 2).reshape(B, T, -1)))
-        return self.ffn_norm(x + self.ffn(x)), (k, v)
+        attended, cache = self.attention(x, positions, cache)
+        x = self.attn_norm(x + attended)
+        return self.ffn_norm(x + self.ffn(x)), cache
 
 
 class BlockOneNorm(BlockBase):
     def forward(self, x, positions, cache=None):
-        B, T, _ = x.shape
-        q, k, v = self.project(self.attn_norm(x), positions)
-        if cache is not None:
-            k, v = self.append(cache, k, v)
-        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), x.device))
-        x = x + self.w_o(out.transpose(1, 2).reshape(B, T, -1))
-        return x + self.ffn(self.attn_norm(x)), (k, v)
+        attended, cache = self.attention(self.attn_norm(x), positions, cache)
+        x = x + attended
+        return x + self.ffn(self.attn_norm(x)), cache
 
 
 class BlockEpsNotPassedOn(BlockBase):
