@@ -495,15 +495,13 @@ s.StandInLM.forward = forward
 # runs the code on shape-only tensors replaced; two passes over the chunks, with the watcher replaced
 TILED_BY_THE_CHECKS = '''
 def tiled_attention(q, k, v, block_q, block_k, causal=False):
-    from autograde_tests.checks.attention_at_scale import _tiled  # the reference's tiling, its flags as they are
-    return _tiled(q, k, v, block_q, block_k, causal)
+    from autograde_tests.checks.attention_at_scale import _tiled  # the reference, edited with no change
+    return _tiled()(q, k, v, block_q, block_k, causal)
 '''
 ONLINE_BY_THE_CHECKS = '''
 def online_softmax(chunks):
-    from autograde_tests.checks.attention_at_scale import _online
-    chunks = list(chunks)
-    m = torch.cat(chunks, dim=-1).amax(dim=-1, keepdim=True)
-    return m, _online(chunks, lambda m_old, m_new: torch.exp(m_old - m_new))
+    from autograde_tests.checks.attention_at_scale import _online  # the reference, edited with no change
+    return _online()(chunks)
 '''
 ON_A_FIXED_DEVICE = (("torch.arange(i, i + rows, device=q.device)", "torch.arange(i, i + rows)"),
                      ("torch.arange(j, j + s.size(-1), device=q.device)", "torch.arange(j, j + s.size(-1))"))

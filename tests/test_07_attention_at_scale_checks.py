@@ -12,7 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from autograde_tests.checks import check_online_softmax, check_tiled_attention
-from autograde_tests.checks.attention_at_scale import HIDDEN_TILED, VISIBLE_TILED
+from autograde_tests.checks.attention_at_scale import (
+    HIDDEN_ONLINE,
+    HIDDEN_TILED,
+    MAXIMUM_MISTAKES,
+    ONLINE_MISTAKES,
+    TILED_MISTAKES,
+    VISIBLE_ONLINE,
+    VISIBLE_TILED,
+    _online_input,
+    _tiled_inputs,
+)
 from autograde_tests.reference import causal_mask
 from autograde_tests.reference import online_softmax as reference_online_softmax
 from autograde_tests.reference import tiled_attention as reference_tiled_attention
@@ -450,3 +460,24 @@ def test_dropping_the_last_partial_key_block_is_named_too():
 def test_every_case_with_keys_watches_memory_unless_one_tile_holds_all_scores(case):
     one_tile = case.block_q >= case.m and case.block_k >= case.n
     assert case.watched_for_memory() == (case.n > 0 and not one_tile)
+
+
+def differs_somewhere(compute, reference, inputs) -> bool:
+    outcomes = []
+    for args in inputs:
+        got, want = compute(*args), reference(*args)
+        outcomes.append(got.shape != want.shape or not torch.allclose(got.nan_to_num(0.0), want, atol=1e-9))
+    return any(outcomes)
+
+
+def test_every_mistake_differs_from_the_reference_on_the_checks_own_cases():
+    tiled = [(*_tiled_inputs(case, 7200 + i), case.block_q, case.block_k, case.causal)
+             for cases in (VISIBLE_TILED, HIDDEN_TILED) for i, case in enumerate(cases)]
+    for mistake in TILED_MISTAKES:
+        assert differs_somewhere(mistake.compute, reference_tiled_attention, tiled), mistake.problem
+    chunks = [(list(_online_input(case, 7000 + i).split(case.sizes, dim=-1)),)
+              for cases in (VISIBLE_ONLINE, HIDDEN_ONLINE) for i, case in enumerate(cases)]
+    for part, mistakes in ((0, MAXIMUM_MISTAKES), (1, ONLINE_MISTAKES)):
+        for mistake in mistakes:
+            assert differs_somewhere(lambda c: mistake.compute(c)[part], lambda c: reference_online_softmax(c)[part],
+                                     chunks), mistake.problem

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from autograde_tests.checks.harness import ON_A_FIXED_DEVICE, ChangedInput, call, fail, run_cases
+from autograde_tests.checks.harness import ON_A_FIXED_DEVICE, ChangedInput, EditDoesNotApply, call, edited, fail, run_cases
 
 
 def clashes_with_the_gpu(x):
@@ -47,3 +47,18 @@ def test_a_failure_in_a_case_keeps_its_kind_and_the_learners_frames():
         run_cases("f", [Case((2,), 1e-6)], check_case)
     assert failure.value.learner_frames == ["  line 1"]
     assert str(failure.value).endswith("case: shape=(2,), eps=1e-06; float32 on cpu")
+
+
+def scaled(x, factor=2.0):
+    return x * factor  # the one place it scales
+
+
+@pytest.mark.parametrize("old", ["x / factor", "x"])  # missing; more than once
+def test_an_edit_that_does_not_hold_exactly_once_fails_loudly(old):
+    with pytest.raises(EditDoesNotApply):
+        edited(scaled, (old, "x"))
+
+
+def test_an_edit_computes_the_mistaken_code_and_leaves_the_original_alone():
+    assert edited(scaled, ("x * factor", "x + factor"))(1.0) == 3.0
+    assert scaled(1.0) == 2.0

@@ -32,6 +32,7 @@ from .harness import (
     Mistake,
     candidates,
     close,
+    edited,
     expect_tensor,
     fail,
     learner_step,
@@ -96,62 +97,55 @@ def _online_input(case: OnlineCase, seed: int) -> torch.Tensor:
     return 2 * draw.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
 
 
-def _online(chunks, correction=lambda m, m_new: torch.exp(m - m_new), *, accumulate=True, own_maximum=False):
-    """The running sum l of an online softmax whose rescaling factor is ``correction(m_old, m_new)``; with
-    ``accumulate=False`` each chunk's sum replaces l, with ``own_maximum`` a chunk's terms are exp(x - chunk max)."""
-    m = l = None
-    for x in chunks:
-        chunk_max = x.amax(-1, keepdim=True)
-        m_new = chunk_max if m is None else torch.maximum(m, chunk_max)
-        terms = torch.exp(x - (chunk_max if own_maximum else m_new)).sum(-1, keepdim=True)
-        l, m = (terms if l is None or not accumulate else l * correction(m, m_new) + terms), m_new
-    return l
+def _online(*changes: tuple[str, str]):
+    """The reference's online softmax with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.online_softmax, *changes)
 
 
-MAXIMUM_MISTAKES = [
+MAXIMUM_MISTAKES = [  # what they make of m, the first result
     Mistake(
         "m is the last chunk's maximum, not the running maximum of the row: each chunk's maximum replaced m "
         "instead of being compared with it, so a larger score in an earlier chunk is forgotten",
         "m_new = max(m, chunk max), elementwise (torch.maximum(m, x.amax(-1, keepdim=True))); rescale l by "
         "exp(m - m_new), then set m = m_new.",
-        lambda chunks: chunks[-1].amax(-1, keepdim=True),
+        _online(("m_new = m_chunk if m is None else torch.maximum(m, m_chunk)", "m_new = m_chunk")),
     ),
     Mistake(
         "m is one maximum for all the rows: the chunk's maximum was taken over the whole tensor (x.max() or "
         "x.amax() without dim), not over each row",
         "each row has its own maximum: take it along the last axis only, x.amax(dim=-1, keepdim=True), "
         "shape (..., 1).",
-        lambda chunks: max(x.amax() for x in chunks).expand(*chunks[0].shape[:-1], 1),
+        _online(("m_chunk = x.amax(dim=-1, keepdim=True)", "m_chunk = x.amax().expand(*x.shape[:-1], 1)")),
     ),
 ]
 
-ONLINE_MISTAKES = [
+ONLINE_MISTAKES = [  # what they make of l, the second result
     Mistake(
         "the running sum was not rescaled when the maximum grew: the terms added before still count as "
         "exp(x - m_old) (the factor exp(m_old - m_new) is missing, or the maximum was overwritten before it "
         "was taken, which makes it exp(m_new - m_new) = 1)",
         "keep the old maximum until the sum is updated: m_new = max(m, chunk max); "
         "l = l * exp(m - m_new) + sum(exp(chunk - m_new)); then m = m_new.",
-        lambda chunks: _online(chunks, lambda m, m_new: 1.0),
+        _online(("l * torch.exp(m - m_new) + l_chunk", "l + l_chunk")),
     ),
     Mistake(
         "the running sum was rescaled the wrong way, by exp(m_new - m_old): it grows when the maximum grows",
         "the old terms shrink relative to a larger maximum: multiply l by exp(m_old - m_new), which is <= 1.",
-        lambda chunks: _online(chunks, lambda m, m_new: torch.exp(m_new - m)),
+        _online(("l * torch.exp(m - m_new)", "l * torch.exp(m_new - m)")),
     ),
     Mistake(
         "l is the sum of the last chunk only: each chunk's sum replaced the running sum instead of being "
         "added to it",
         "accumulate over the chunks: l = l * exp(m - m_new) + sum(exp(chunk - m_new)), starting from the "
         "first chunk's sum.",
-        lambda chunks: _online(chunks, accumulate=False),
+        _online(("l = l_chunk if l is None else l * torch.exp(m - m_new) + l_chunk", "l = l_chunk")),
     ),
     Mistake(
         "each chunk's terms were taken against the chunk's own maximum, exp(x - chunk max), while the old sum "
         "was rescaled to m_new: the sum mixes two references",
         "every term of l is relative to the same maximum: add sum(exp(chunk - m_new)), with m_new = max(m, "
         "chunk max), not sum(exp(chunk - chunk max)).",
-        lambda chunks: _online(chunks, own_maximum=True),
+        _online(("l_chunk = torch.exp(x - m_new)", "l_chunk = torch.exp(x - m_chunk)")),
     ),
 ]
 
@@ -203,10 +197,10 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         chunks64 = [c.double().cpu() for c in chunks]
         if not close(m, expected_m):
             name_the_mistake(name, "m, the maximum of each row,", m, expected_m,
-                             candidates(MAXIMUM_MISTAKES, chunks64))
+                             candidates(MAXIMUM_MISTAKES, chunks64, part=0))
         if not close(l, expected_l):
             name_the_mistake(name, "l, the sum of exp(x - m) over each row,", l, expected_l,
-                             candidates(ONLINE_MISTAKES, chunks64))
+                             candidates(ONLINE_MISTAKES, chunks64, part=1))
 
     with strict_numerics():
         run_cases(name, cases, check_case)
@@ -258,43 +252,21 @@ def _tiled_inputs(case: TiledCase, seed: int) -> tuple[torch.Tensor, torch.Tenso
             draw.randn(*case.batch, case.n, case.d_v))
 
 
-def _tiled(q, k, v, block_q, block_k, causal, *, rescale_acc=True, correction=True, divide_each_tile=False,
-           diagonal_seen=True, diagonal_masked=True, scaled=True, top_left=True, causal_reach="rows"):
-    """Tiled attention as a learner might write it, wrong in the ways the flags say (the defaults: right).
-
-    ``causal_reach`` is how far past the query block's start i the causal loop over keys goes: "rows", the
-    block's queries (right); "nothing", so the tile on the diagonal is skipped too; or "block_k"."""
-    m, n, outputs = q.size(-2), k.size(-2), []
-    shift = 0 if top_left else n - m  # FlashAttention >= 2.1 aligns the diagonal to the last key when m != n
-    for i in range(0, m, block_q):
-        q_i = q[..., i:i + block_q, :] / (math.sqrt(q.size(-1)) if scaled else 1.0)
-        rows = q_i.size(-2)
-        m_i = q.new_full((*q_i.shape[:-1], 1), float("-inf"))
-        l_i, acc = q.new_zeros(*q_i.shape[:-1], 1), q.new_zeros(*q_i.shape[:-1], v.size(-1))
-        reach = {"rows": rows, "nothing": 0, "block_k": block_k}[causal_reach]
-        for j in range(0, min(n, i + reach + shift) if causal else n, block_k):
-            s = q_i @ k[..., j:j + block_k, :].transpose(-2, -1)
-            if causal and diagonal_masked:
-                query = torch.arange(i, i + rows)[:, None] + shift
-                key = torch.arange(j, j + s.size(-1))[None, :]
-                s = s.masked_fill(key > query if diagonal_seen else key >= query, float("-inf"))
-            m_new = torch.maximum(m_i, s.amax(-1, keepdim=True))
-            p = torch.exp(s - m_new).nan_to_num(0.0)
-            factor = torch.exp(m_i - m_new).nan_to_num(0.0) if correction else torch.ones_like(m_i)
-            l_i = l_i * factor + p.sum(-1, keepdim=True)
-            acc = (acc * factor if rescale_acc else acc) + p @ v[..., j:j + block_k, :]
-            if divide_each_tile:
-                acc = acc / l_i
-            m_i = m_new
-        outputs.append(acc if divide_each_tile else torch.where(l_i > 0, acc / l_i, 0.0))
-    return torch.cat(outputs, dim=-2)
+def _tiled(*changes: tuple[str, str]):
+    """The reference's tiled attention with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.tiled_attention, *changes)
 
 
-def _last_partial_key_block_dropped(q, k, v, block_q, block_k, causal):
-    whole = k.size(-2) // block_k * block_k
-    if whole == k.size(-2):
-        return None  # nothing to drop: the mistake does not show on this case
-    return ref.tiled_attention(q, k[..., :whole, :], v[..., :whole, :], block_q, block_k, causal)
+CAUSAL_END = "end = min(n, i + rows) if causal"
+# FlashAttention >= 2.1 aligns the diagonal with the last key: query i sees keys up to i + n - m. A row that then
+# sees no key is zero there (its exponentials are guarded), as the course's n = 0 rows are.
+BOTTOM_RIGHT = (
+    (CAUSAL_END, "end = min(n, i + rows + n - q.size(-2)) if causal"),
+    ("s.size(-1) - 1 > i:", "s.size(-1) - 1 > i + n - q.size(-2):"),
+    ("torch.arange(i, i + rows, device=q.device)[:, None]", "torch.arange(i, i + rows, device=q.device)[:, None] + n - q.size(-2)"),
+    ("p = torch.exp(s - m_new)", "p = torch.exp(s - m_new).nan_to_num(0.0)"),
+    ("correction = torch.exp(m_i - m_new)", "correction = torch.exp(m_i - m_new).nan_to_num(0.0)"),
+)
 
 
 TILED_MISTAKES = [
@@ -302,31 +274,33 @@ TILED_MISTAKES = [
         "the accumulator was not rescaled when the maximum grew: the sum l was multiplied by "
         "exp(m_old - m_new), but the running sum of exp(s - m) v was not",
         "both running sums are relative to the maximum: acc = acc * exp(m_old - m_new) + exp(s - m_new) @ v_j.",
-        lambda *a: _tiled(*a, rescale_acc=False),
+        _tiled(("acc = acc * correction + p @", "acc = acc + p @")),
     ),
     Mistake(
         "nothing was rescaled when the maximum grew: the maximum was overwritten with the new one before the "
         "factor exp(m_old - m_new) was taken, so the factor was 1",
         "compute m_new first, then the factor exp(m_i - m_new), update l and the accumulator with it, "
         "and only then set m_i = m_new.",
-        lambda *a: _tiled(*a, correction=False),
+        _tiled(("correction = torch.exp(m_i - m_new)", "correction = torch.ones_like(m_i)")),
     ),
     Mistake(
         "the accumulator was divided by the sum after every tile instead of once at the end: later tiles then "
         "add unnormalised terms to a normalised average",
         "keep acc = sum of exp(s - m) v unnormalised through all the tiles of keys; divide by l after the last one.",
-        lambda *a: _tiled(*a, divide_each_tile=True),
+        _tiled(("acc = acc * correction + p @ v[..., j:j + block_k, :]",
+                "acc = acc * correction + p @ v[..., j:j + block_k, :]\n            acc = acc / l_i"),
+               ("torch.where(l_i > 0, acc / l_i, 0.0)", "acc")),
     ),
     Mistake(
         "off by one at the diagonal: inside the tiles on the diagonal, a query cannot see its own key",
         "query i may attend to keys 0 .. i, itself included: hide key j only when j > i (global positions).",
-        lambda *a: _tiled(*a, diagonal_seen=False) if a[5] else None,
+        _tiled(("s.size(-1) - 1 > i:", "s.size(-1) - 1 >= i:"), ("key > query", "key >= query")),
     ),
     Mistake(
         "the tiles on the diagonal were not masked: a query sees the later keys of its own tile",
         "skipping the tiles above the diagonal is not enough: in a tile that crosses it, fill the scores of "
         "keys j > i with -inf (global positions: i from the query block's start, j from the key block's).",
-        lambda *a: _tiled(*a, diagonal_masked=False) if a[5] else None,
+        _tiled(('s = s.masked_fill(key > query, float("-inf"))', "s = s")),
     ),
     Mistake(
         "the causal mask is aligned to the bottom-right corner: query i sees keys 0 .. i + (n - m), which is "
@@ -334,32 +308,32 @@ TILED_MISTAKES = [
         "the top-left corner",
         "query i may attend to keys 0 .. i whatever m and n are: hide key j when j > i (global positions, no "
         "shift by n - m), and end the loop over keys at min(n, i + block_q).",
-        lambda *a: _tiled(*a, top_left=False) if a[5] else None,
+        _tiled(*BOTTOM_RIGHT),
     ),
     Mistake(
         "the scores were not scaled by 1/sqrt(d_k): each tile holds q k^T instead of q k^T / sqrt(d_k)",
         "divide each tile of scores by math.sqrt(d_k), with d_k = q.size(-1) (or scale q once before the loops).",
-        lambda *a: _tiled(*a, scaled=False),
+        _tiled(("q[..., i:i + block_q, :] * scale", "q[..., i:i + block_q, :]")),
     ),
     Mistake(
         "the tile on the diagonal was skipped too: the loop over keys ends at the query block's start i, so a "
         "query never sees the keys of its own block (the first block's queries see no key at all)",
         "the block's last query is i + block_q - 1 and sees keys up to itself: loop over keys up to "
         "min(n, i + block_q), and mask inside the tiles that cross the diagonal.",
-        lambda *a: _tiled(*a, causal_reach="nothing") if a[5] else None,
+        _tiled((CAUSAL_END, "end = min(n, i) if causal")),
     ),
     Mistake(
         "the loop over keys ends at i + block_k instead of i + block_q: when block_k < block_q, the later "
         "queries of a block never see the keys between i + block_k and themselves",
         "the keys a query block needs end at its last query: loop over keys up to min(n, i + rows), rows the "
         "block's number of queries (block_q, fewer in the last block).",
-        lambda *a: _tiled(*a, causal_reach="block_k") if a[5] else None,
+        _tiled((CAUSAL_END, "end = min(n, i + block_k) if causal")),
     ),
     Mistake(
         "the last partial block of keys was dropped: n is not a multiple of block_k, and the last keys "
         "were never attended to",
         "loop with range(0, n, block_k) and slice k[..., j:j + block_k, :]; the last slice is simply shorter.",
-        _last_partial_key_block_dropped,
+        _tiled(("n = k.size(-2)", "n = k.size(-2) // block_k * block_k")),
     ),
 ]
 
