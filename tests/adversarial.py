@@ -465,14 +465,14 @@ class GPT(nn.Module):
         self.head = nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, idx, cache=None):
-        from autograde_tests.checks.decoder_only import _gpt  # the reference's forward, its flags as they are
-        return _gpt(self, idx, cache)
+        from autograde_tests.checks.decoder_only import edited, ref  # the reference's forward, edited with no change
+        return edited(ref.GPT.forward)(self, idx, cache)
 '''
 GENERATE_BY_THE_CHECKS = '''
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
-    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, its flags as they are
-    return _sample(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, edited with no change
+    return _sample()(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
 '''
 NO_CACHE = (("        if use_cache:\n            logits, cache = model(out if cache is None else out[:, -1:], cache)"
              "  # only what it has not seen\n        else:\n            logits, _ = model(out)\n"),

@@ -69,7 +69,7 @@ def compiled(request):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# Mistake generators that, with their default flags, compute the answer of the chapter's exercises.
+# Mistake generators that, edited with no change, compute the answer of the chapter's exercises.
 GENERATORS = {
     "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block"]),
     "07_attention_at_scale": ("autograde_tests.checks.attention_at_scale", ["_tiled", "_online"]),
@@ -138,8 +138,8 @@ def test_the_suites_stand_in_for_the_kernel_hides_what_the_sandbox_hides(chapter
 CALLS_THE_CHECKS_GENERATOR = '''
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
-    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, with a flag left off
-    return _sample(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, edited with no change
+    return _sample()(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
 '''
 
 

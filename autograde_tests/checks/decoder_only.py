@@ -52,6 +52,7 @@ from .harness import (
     construct,
     copy_weights,
     default_dtype,
+    edited,
     expect_tensor,
     expect_unchanged,
     fail,
@@ -83,51 +84,49 @@ HIDDEN_NORM = [NormCase((4, 3, 12), 1e-6, 2.0), NormCase((2, 7, 5), 0.1, 0.2), N
 NORM_HINT = "register the scale in __init__: self.weight = nn.Parameter(torch.ones(d_model)), and no bias."
 
 
-def _rms(x, eps, centred=False, outside=False, summed=False, every_axis=False):
-    if centred:
-        x = x - x.mean(dim=-1, keepdim=True)
-    if every_axis:
-        mean_square = x.pow(2).mean()
-    else:
-        mean_square = x.pow(2).sum(dim=-1, keepdim=True) if summed else x.pow(2).mean(dim=-1, keepdim=True)
-    return x / (mean_square.sqrt() + eps) if outside else x / torch.sqrt(mean_square + eps)
+def _norm(*changes: tuple[str, str]):
+    """The reference RMSNorm's forward with ``changes`` made to its source (``edited``), called (x, norm)."""
+    forward = edited(ref.RMSNorm.forward, *changes)
+    return lambda x, norm: forward(norm, x)
 
 
 NORM_MISTAKES = [
     Mistake(
         "RMSNorm subtracts the mean: that is LayerNorm (without its bias); RMSNorm only divides by the root mean square",
         "x / sqrt(mean(x**2, dim=-1) + eps) * weight: no x - mean.",
-        lambda x, norm: _rms(x, norm.eps, centred=True) * norm.weight,
+        _norm(("x.pow(2)", "(x - x.mean(dim=-1, keepdim=True)).pow(2)"),
+              ("return x / rms", "return (x - x.mean(dim=-1, keepdim=True)) / rms")),
     ),
     Mistake(
         "eps is added outside the square root: x / (sqrt(mean(x**2)) + eps)",
         "the formula is x / sqrt(mean(x**2) + eps).",
-        lambda x, norm: _rms(x, norm.eps, outside=True) * norm.weight,
+        _norm(("torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+               "x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps")),
     ),
     Mistake(
         "the output is not scaled by the learnable weight",
         "multiply the normalised x by self.weight.",
-        lambda x, norm: _rms(x, norm.eps),
+        _norm((" * self.weight", "")),
     ),
     Mistake(
         "eps is left out: x / sqrt(mean(x**2)); eps keeps the division safe when a row is close to zero",
         "x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.",
-        lambda x, norm: _rms(x, 0.0) * norm.weight,
+        _norm((" + self.eps", "")),
     ),
     Mistake(
         "the root of the sum of squares, not of their mean: x / sqrt(sum(x**2) + eps)",
         "mean over the last axis: x.pow(2).mean(dim=-1, keepdim=True).",
-        lambda x, norm: _rms(x, norm.eps, summed=True) * norm.weight,
+        _norm(("x.pow(2).mean(", "x.pow(2).sum(")),
     ),
     Mistake(
         "the mean square is taken over the whole tensor, not over each row's last axis",
         "x.pow(2).mean(dim=-1, keepdim=True): one root mean square per token.",
-        lambda x, norm: _rms(x, norm.eps, every_axis=True) * norm.weight,
+        _norm(("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).mean()")),
     ),
     Mistake(
         "RMSNorm ignores its eps argument and uses 1e-6",
         "store eps in __init__ (self.eps = eps) and use it in forward.",
-        lambda x, norm: _rms(x, 1e-6) * norm.weight if norm.eps != 1e-6 else None,
+        _norm(("self.eps", "1e-6")),
     ),
 ]
 
@@ -214,70 +213,56 @@ def _positions(case: RotaryCase, seed: int) -> torch.Tensor:
     return torch.arange(case.start, case.start + case.length)
 
 
-def _rotate(x, positions, base, pairs="half", direction=1.0, exponent=2.0):
-    """RoPE with one thing changed: which features pair up, which way they turn, the frequencies."""
-    d_k = x.size(-1)
-    theta = base ** (-torch.arange(d_k // 2, dtype=torch.float64) * exponent / d_k)
-    angle = positions.to(torch.float64)[:, None] * theta
-    cos, sin = angle.cos(), direction * angle.sin()
-    x1, x2 = (x[..., : d_k // 2], x[..., d_k // 2:]) if pairs == "half" else (x[..., 0::2], x[..., 1::2])
-    a, b = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    if pairs == "half":
-        return torch.cat([a, b], dim=-1)
-    return torch.stack([a, b], dim=-1).flatten(-2)
+def _rotary(*changes: tuple[str, str]):
+    """The reference's apply_rotary with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.apply_rotary, *changes)
 
 
-def _angles_interleaved(x, positions, base):
-    """Hugging Face's rotate_half form with the angles laid out for neighbouring pairs: (θ0, θ0, θ1, θ1, ...)."""
-    d_k = x.size(-1)
-    theta = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
-    angle = (positions.to(torch.float64)[:, None] * theta).repeat_interleave(2, dim=-1)  # (T, d_k)
-    x1, x2 = x[..., : d_k // 2], x[..., d_k // 2:]
-    return x * angle.cos() + torch.cat([-x2, x1], dim=-1) * angle.sin()
-
-
+INTERLEAVED = _rotary(("x[..., :half], x[..., half:]", "x[..., 0::2], x[..., 1::2]"),
+                      ("torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)",
+                       "torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)"))
 ROTARY_MISTAKES = [
     Mistake(
         f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), as the RoPE paper and Meta's LLaMA code "
         f"pair them; {HALF_SPLIT}",
         "rotate (x1, x2) with x1 = x[..., :d_k // 2] and x2 = x[..., d_k // 2:], and concatenate the two results.",
-        lambda x, positions, base: _rotate(x, positions, base, pairs="interleaved"),
+        INTERLEAVED,
     ),
     Mistake(
         "RoPE turns the pairs the wrong way (the sines have the wrong sign)",
         "(x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin).",
-        lambda x, positions, base: _rotate(x, positions, base, direction=-1.0),
+        _rotary(("angle.sin().to(x.dtype)", "-angle.sin().to(x.dtype)")),
     ),
     Mistake(
         "the positions argument is ignored: the tokens are rotated as if they were at 0, 1, 2, ... (positions "
         "restarting at 0, which breaks every token after a cache)",
         "use the positions you are given: angle = positions[:, None] * theta.",
-        lambda x, positions, base: (_rotate(x, torch.arange(x.size(-2)), base)
-                                    if not torch.equal(positions, torch.arange(x.size(-2))) else None),
+        _rotary(("positions.to(torch.float64)", "torch.arange(x.size(-2), dtype=torch.float64)")),
     ),
     Mistake(
         "only the first position is used: the tokens are rotated as if they were at positions[0], positions[0] + 1, "
         "...; the positions given need not be consecutive",
         "use every position you are given: angle = positions[:, None] * theta.",
-        lambda x, positions, base: (_rotate(x, positions[0] + torch.arange(x.size(-2)), base)
-                                    if not torch.equal(positions, positions[0] + torch.arange(x.size(-2))) else None),
+        _rotary(("positions.to(torch.float64)", "(positions[0] + torch.arange(x.size(-2))).to(torch.float64)")),
     ),
     Mistake(
         "the base argument is ignored: the frequencies use 10000 whatever base is given",
         "theta = base ** (-torch.arange(0, d_k, 2) / d_k), with the base you are given.",
-        lambda x, positions, base: _rotate(x, positions, 10000.0) if base != 10000.0 else None,
+        _rotary(("theta = base **", "theta = 10000.0 **")),
     ),
     Mistake(
         "the angles are laid out for neighbouring pairs (each repeated twice in a row, repeat_interleave) while the "
         "features are paired half-split: features i and i + d_k/2 must turn by the same angle",
         "repeat the angles over the two halves, torch.cat([angle, angle], dim=-1), as Hugging Face's rotate_half "
         "form does.",
-        _angles_interleaved,
+        _rotary(("angle.cos().to(x.dtype), angle.sin().to(x.dtype)",
+                 "angle.repeat_interleave(2, dim=-1).cos().to(x.dtype), angle.repeat_interleave(2, dim=-1).sin().to(x.dtype)"),
+                ("torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)", "x * cos + torch.cat([-x2, x1], dim=-1) * sin")),
     ),
     Mistake(
         "the frequencies use the feature index i instead of 2i: theta_i = base^(-i/d_k), where RoPE's is base^(-2i/d_k)",
         "theta = base ** (-torch.arange(0, d_k, 2) / d_k), one frequency per pair.",
-        lambda x, positions, base: _rotate(x, positions, base, exponent=1.0),
+        _rotary(("* 2 / x.size(-1)", "/ x.size(-1)")),
     ),
 ]
 
@@ -351,101 +336,83 @@ ONLY_WITH_A_CACHE = (
 )
 
 
-def _block(block, x, positions, cache, rope="half", rotate_v=False, rotate_k=True, restart=False,
-           mask="offset", gate_swapped=False, rope_before_split=False, scaled=True, post_norm=False, one_norm=False):
-    """The reference block with one thing changed: the RoPE pairs, what is rotated and when, the positions, the
-    mask, the scale, where the norms are."""
-    B, T, _ = x.shape
-    where = torch.arange(T) if restart else positions
-    rotate = ((lambda t: _rotate(t, where, 10000.0, pairs="interleaved")) if rope == "interleaved"
-              else (lambda t: ref.apply_rotary(t, where)))
-    h = x if post_norm else block.attn_norm(x)
-    q, k, v = (w(h) for w in (block.w_q, block.w_k, block.w_v))  # (B, T, d_model)
-    if rope_before_split:  # one rotation over all d_model features, before the heads exist
-        q, k = rotate(q), rotate(k)
-    q, k, v = (t.view(B, T, block.n_heads, block.d_k).transpose(1, 2) for t in (q, k, v))  # (B, h, T, d_k)
-    if not rope_before_split:
-        q, k = rotate(q), rotate(k) if rotate_k else k
-    v = rotate(v) if rotate_v else v
-    if cache is not None:
-        k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-    past = k.size(2) - T
-    allowed = {
-        "offset": torch.arange(k.size(2)) <= torch.arange(past, past + T)[:, None],
-        "from_start": torch.ones(T, k.size(2), dtype=torch.bool).tril(),
-        "none": torch.ones(T, k.size(2), dtype=torch.bool),
-    }[mask]
-    attended, _ = ref.scaled_dot_product_attention(q if scaled else q * math.sqrt(block.d_k), k, v, allowed)
-    x = x + block.w_o(attended.transpose(1, 2).reshape(B, T, -1))
-    x = block.attn_norm(x) if post_norm else x
-    h = x if post_norm else (block.attn_norm if one_norm else block.ffn_norm)(x)
-    gate, up = (block.w_up, block.w_gate) if gate_swapped else (block.w_gate, block.w_up)
-    x = x + block.w_down(nn.functional.silu(gate(h)) * up(h))
-    return block.ffn_norm(x) if post_norm else x, (k, v)
+def _block(*changes: tuple[str, str], **names):
+    """The reference block's forward with ``changes`` made to its source and ``names`` in place of the
+    module's (``edited``), called (block, x, positions, cache): a mistake."""
+    return edited(ref.DecoderBlock.forward, *changes, **names)
 
 
+ROTATED = "q, k = apply_rotary(q, positions), apply_rotary(k, positions)"
+ATTENDED = "attended, _ = scaled_dot_product_attention(q, k, v, mask)"
+RESIDUAL = "x = x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1))"
+FFN_OUT = "return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)), (k, v)"
 BLOCK_MISTAKES = [
     Mistake(
         f"RoPE rotates the wrong pairs: interleaved (2i, 2i + 1) instead of the course's half-split; {HALF_SPLIT}",
         "use your apply_rotary (half-split) on q and k.",
-        lambda b, x, p, c: _block(b, x, p, c, rope="interleaved"),
+        _block(apply_rotary=INTERLEAVED),
     ),
     Mistake(
         "RoPE is applied to v too: only the queries and keys are rotated (positions belong in the scores, not in "
         "what is averaged)",
         "q, k = apply_rotary(q, positions), apply_rotary(k, positions); leave v as it is.",
-        lambda b, x, p, c: _block(b, x, p, c, rotate_v=True),
+        _block((ROTATED, ROTATED + "; v = apply_rotary(v, positions)")),
     ),
     Mistake(
         "RoPE is applied to q only: the keys must be rotated too, or the scores do not depend on the offset",
         "k = apply_rotary(k, positions), before it goes into the cache.",
-        lambda b, x, p, c: _block(b, x, p, c, rotate_k=False),
+        _block((ROTATED, "q = apply_rotary(q, positions)")),
     ),
     Mistake(
         "positions restarting at 0 for cached tokens: the new tokens are rotated as if they were at 0, 1, ... "
         "instead of at the positions given",
         "rotate with the positions argument (T_past, T_past + 1, ... after a cache), not torch.arange(T).",
-        lambda b, x, p, c: _block(b, x, p, c, restart=True) if int(p[0]) != 0 else None,
+        _block((ROTATED, "q, k = apply_rotary(q, torch.arange(T)), apply_rotary(k, torch.arange(T))")),
     ),
     Mistake(
         "the causal mask ignores the cached tokens: it is a (T, T) triangle placed over the first keys, so the "
         "new tokens cannot see most of the cache",
         "the new tokens are the last T of T_past + T keys: token t may see keys 0 .. T_past + t.",
-        lambda b, x, p, c: _block(b, x, p, c, mask="from_start") if c is not None else None,
+        _block(("mask = torch.arange(k.size(2), device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]",
+                "mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril()")),
     ),
     Mistake(
         "no causal mask: each token sees the tokens after it",
         "mask the scores so that token t attends to keys 0 .. T_past + t only.",
-        lambda b, x, p, c: _block(b, x, p, c, mask="none"),
+        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q, k, v)")),
     ),
     Mistake(
         "the FFN's gate and up projections are swapped: silu goes on w_gate's output, which multiplies w_up's",
         "w_down(F.silu(w_gate(h)) * w_up(h)).",
-        lambda b, x, p, c: _block(b, x, p, c, gate_swapped=True),
+        _block(("F.silu(self.w_gate(h)) * self.w_up(h)", "F.silu(self.w_up(h)) * self.w_gate(h)")),
     ),
     Mistake(
         "RoPE is applied before the heads are split: to (B, T, d_model), with d_model/2 frequencies across all "
         "the heads, where each head's (B, h, T, d_k) queries and keys are rotated on their own d_k features",
         "split the heads first (view and transpose to (B, h, T, d_k)), then apply_rotary(q, positions) and "
         "apply_rotary(k, positions).",
-        lambda b, x, p, c: _block(b, x, p, c, rope_before_split=True),
+        _block((ROTATED, "q, k = q, k"),
+               ("q, k, v = (w(h).view(", "q, k, v = apply_rotary(self.w_q(h), positions), apply_rotary(self.w_k(h), "
+                "positions), self.w_v(h)\n    q, k, v = (w.view("), ("for w in (self.w_q, self.w_k, self.w_v))", "for w in (q, k, v))")),
     ),
     Mistake(
         "the scores are not scaled by 1/sqrt(d_k)",
         "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k), with d_k the size of one head.",
-        lambda b, x, p, c: _block(b, x, p, c, scaled=False),
+        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q * math.sqrt(self.d_k), k, v, mask)")),
     ),
     Mistake(
         "the norms come after the residual sums (Post-Norm, the 2017 Transformer's order): this block is "
         "Pre-Norm, x + attention(norm(x)), then x + FFN(norm(x))",
         "x = x + attention(self.attn_norm(x)); x = x + ffn(self.ffn_norm(x)): the residual stream itself is never "
         "normalised inside the block.",
-        lambda b, x, p, c: _block(b, x, p, c, post_norm=True),
+        _block(("h = self.attn_norm(x)", "h = x"), ("h = self.ffn_norm(x)", "h = x"),
+               (RESIDUAL, "x = self.attn_norm(x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1)))"),
+               (FFN_OUT, "return self.ffn_norm(x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))), (k, v)")),
     ),
     Mistake(
         "the FFN's input goes through attn_norm: ffn_norm, which has weights of its own, is never used",
         "h = self.ffn_norm(x) before the FFN; attn_norm is for the attention's input only.",
-        lambda b, x, p, c: _block(b, x, p, c, one_norm=True),
+        _block(("h = self.ffn_norm(x)", "h = self.attn_norm(x)")),
     ),
 ]
 
@@ -593,18 +560,11 @@ STAND_IN_NOTE = (
 )
 
 
-def _gpt(model, idx, cache=None, restart=False, final_norm=True, scaled=False, past_axis=2, given="own"):
-    """The reference GPT with one thing changed: positions after a cache (restarting, or the cache's length read
-    on another axis), the final norm, an embedding scale, which cache each block is given."""
-    past = 0 if cache is None or restart else cache[0][0].size(past_axis)
-    positions = torch.arange(past, past + idx.size(1))
-    x = model.embed(idx) * (math.sqrt(model.embed.embedding_dim) if scaled else 1.0)
-    new_cache = []
-    for i, block in enumerate(model.blocks):
-        layer_cache = None if cache is None or given == "none" else cache[0 if given == "first" else i]
-        x, layer_cache = block(x, positions, layer_cache)
-        new_cache.append(layer_cache)
-    return model.head(model.norm(x) if final_norm else x), new_cache
+def _gpt(*changes: tuple[str, str]):
+    """The reference GPT's forward with ``changes`` made to its source (``edited``), called (model, idx,
+    cache): the logits of a mistake."""
+    forward = edited(ref.GPT.forward, *changes)
+    return lambda model, idx, cache: forward(model, idx, cache)[0]
 
 
 GPT_MISTAKES = [
@@ -612,34 +572,34 @@ GPT_MISTAKES = [
         "positions restarting at 0 for cached tokens: with a cache of T_past tokens the new ones are at "
         "T_past, T_past + 1, ..., not 0, 1, ...",
         "positions = torch.arange(T_past, T_past + T) with T_past the cache's length (cache[0][0].size(2)).",
-        lambda model, idx, cache: _gpt(model, idx, cache, restart=True)[0] if cache is not None else None,
+        _gpt(("past = 0 if cache is None else cache[0][0].size(2)", "past = 0")),
     ),
     Mistake(
         "no final norm: a Pre-Norm stack's last residual sum must go through self.norm before the head",
         "return self.head(self.norm(x)), cache.",
-        lambda model, idx, cache: _gpt(model, idx, cache, final_norm=False)[0],
+        _gpt(("self.head(self.norm(x))", "self.head(x)")),
     ),
     Mistake(
         "the token embeddings are scaled by sqrt(d_model): that belongs to the 2017 Transformer's sinusoidal "
         "positions; a RoPE model adds nothing to its embeddings and scales nothing",
         "x = self.embed(idx).",
-        lambda model, idx, cache: _gpt(model, idx, cache, scaled=True)[0],
+        _gpt(("x = self.embed(idx)", "x = self.embed(idx) * math.sqrt(self.embed.embedding_dim)")),
     ),
     Mistake(
         "every block is given the first block's cache: each block has its own keys and values, cache[i]",
         "for i, block in enumerate(self.blocks): x, layer_cache = block(x, positions, cache[i]), and return the "
         "new caches in the same order.",
-        lambda model, idx, cache: _gpt(model, idx, cache, given="first")[0] if cache is not None else None,
+        _gpt(("else cache[i])", "else cache[0])")),
     ),
     Mistake(
         "the blocks are not given the cache: the new tokens are placed after it, but cannot attend to it",
         "hand each block its own cache: block(x, positions, cache[i]).",
-        lambda model, idx, cache: _gpt(model, idx, cache, given="none")[0] if cache is not None else None,
+        _gpt(("None if cache is None else cache[i]", "None")),
     ),
     Mistake(
         "the cache's length is read on the wrong axis: the cached keys are (B, h, T_past, d_k), time on axis 2",
         "T_past = cache[0][0].size(2), the first block's keys along time.",
-        lambda model, idx, cache: _gpt(model, idx, cache, past_axis=1)[0] if cache is not None else None,
+        _gpt(("cache[0][0].size(2)", "cache[0][0].size(1)")),
     ),
 ]
 
@@ -796,48 +756,50 @@ def _stand_in_lm(vocab: int, d_model: int, seed: int, sharpen: float = 1.0) -> n
     return stand_ins.stand_in_lm(model.state_dict())
 
 
-def _cross_entropy(logits, labels, reduction="mean"):
-    return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction=reduction)
+def _loss(*changes: tuple[str, str]):
+    """The reference's lm_loss with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.lm_loss, *changes)
 
 
+INPUTS, LABELS = "model(idx[:, :-1])", "idx[:, 1:].flatten())"
 LOSS_MISTAKES = [
     Mistake(
         "loss not shifted: the model reads idx and is scored on idx itself, so it only has to copy what it sees",
         "the model reads idx[:, :-1] and is scored on the next tokens, idx[:, 1:].",
-        lambda model, idx: _cross_entropy(model(idx)[0], idx),
+        _loss((INPUTS, "model(idx)"), (LABELS, "idx.flatten())")),
     ),
     Mistake(
         "loss not shifted: the labels are idx[:, :-1], the very tokens the model reads",
         "the labels are the next tokens: idx[:, 1:].",
-        lambda model, idx: _cross_entropy(model(idx[:, :-1])[0], idx[:, :-1]),
+        _loss((LABELS, "idx[:, :-1].flatten())")),
     ),
     Mistake(
         "the shift goes the wrong way: the model reads idx[:, 1:] and is scored on idx[:, :-1]",
         "inputs idx[:, :-1], labels idx[:, 1:].",
-        lambda model, idx: _cross_entropy(model(idx[:, 1:])[0], idx[:, :-1]),
+        _loss((INPUTS, "model(idx[:, 1:])"), (LABELS, "idx[:, :-1].flatten())")),
     ),
     Mistake(
         "the logits went through a softmax before F.cross_entropy, which takes raw logits and applies its own "
         "log-softmax: the loss is that of the probabilities read as logits",
         "pass the logits themselves: F.cross_entropy(logits.flatten(0, 1), labels.flatten()).",
-        lambda model, idx: _cross_entropy(model(idx[:, :-1])[0].softmax(dim=-1), idx[:, 1:]),
+        _loss(("logits.flatten(0, 1)", "logits.softmax(dim=-1).flatten(0, 1)")),
     ),
     Mistake(
         "F.nll_loss was given the raw logits: it expects log-probabilities, so the loss is minus the mean logit "
         "of the right token",
         "F.cross_entropy on the logits, or F.nll_loss on logits.log_softmax(dim=-1).",
-        lambda model, idx: nn.functional.nll_loss(model(idx[:, :-1])[0].flatten(0, 1), idx[:, 1:].flatten()),
+        _loss(("F.cross_entropy(", "F.nll_loss(")),
     ),
     Mistake(
         "the loss is summed over the predictions, not averaged: it then grows with B and T, and so does the "
         "learning rate it needs",
         "the mean over every prediction: F.cross_entropy's default reduction, 'mean'.",
-        lambda model, idx: _cross_entropy(model(idx[:, :-1])[0], idx[:, 1:], reduction="sum"),
+        _loss((LABELS, "idx[:, 1:].flatten(), reduction='sum')")),
     ),
     Mistake(
         "only the last position is scored: every position predicts the token after it, and each prediction counts",
         "score all T - 1 predictions: logits (B, T - 1, V) against labels idx[:, 1:] (B, T - 1).",
-        lambda model, idx: nn.functional.cross_entropy(model(idx[:, :-1])[0][:, -1], idx[:, -1]),
+        _loss(("logits.flatten(0, 1), idx[:, 1:].flatten()", "logits[:, -1], idx[:, -1]")),
     ),
 ]
 
@@ -899,86 +861,59 @@ DRAW_HINT = ("draw each token as torch.multinomial(probs, 1, generator=generator
              "temperature, top-k and top-p, in that order.")
 
 
-def _kth(scores, k):
-    """(B, 1): the k-th largest of each row of (B, vocab) ``scores``."""
-    return scores.topk(min(k, scores.size(-1)), dim=-1).values[:, -1:]
+def _sample(*changes: tuple[str, str]):
+    """The reference's generate with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.generate, *changes)
 
 
-def _sample(model, idx, new, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None, *,
-            softmax_dim=-1, renormalise=True, temperature_after=False, kth_dropped=False, crossing_dropped=False,
-            p_before_k=False, position=-1, draw="vocabulary"):
-    """The reference's sampling with one thing changed: the axis, the order of the steps, a boundary, the
-    position read, how the token is drawn (over the probabilities sorted, or over the top k alone)."""
-    out, past = idx, None
-    for _ in range(new):
-        if use_cache:
-            logits, past = model(out if past is None else out[:, -1:], past)
-        else:
-            logits, _ = model(out)
-        logits = logits[:, position]
-        if temperature == 0:
-            out = torch.cat([out, logits.argmax(-1, keepdim=True)], dim=1)
-            continue
-        logits = logits if temperature_after else logits / temperature
-        if top_k is not None and renormalise and not p_before_k:
-            kth = _kth(logits, top_k)
-            logits = logits.masked_fill(logits <= kth if kth_dropped else logits < kth, float("-inf"))
-        probs = logits.softmax(dim=softmax_dim)
-        if temperature_after:
-            probs = probs / temperature
-        if top_k is not None and not renormalise:
-            probs = probs.masked_fill(probs < _kth(probs, top_k), 0.0)
-        if top_p is not None:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            kept = sorted_probs.cumsum(-1) < top_p if crossing_dropped else sorted_probs.cumsum(-1) - sorted_probs < top_p
-            kept[:, 0] = True
-            probs = probs.masked_fill(~torch.zeros_like(kept).scatter(-1, order, kept), 0.0)
-            probs = probs / probs.sum(dim=-1, keepdim=True)
-        if top_k is not None and p_before_k:
-            probs = probs.masked_fill(probs < _kth(probs, top_k), 0.0)
-            probs = probs / probs.sum(dim=-1, keepdim=True)
-        if draw == "vocabulary":
-            token = torch.multinomial(probs, 1, generator=generator)
-        else:  # the draw's index is a place in another order, mapped back to a token id
-            ranked, order = probs.topk(min(top_k, probs.size(-1)) if draw == "top_k" else probs.size(-1), dim=-1)
-            token = order.gather(-1, torch.multinomial(ranked, 1, generator=generator))
-        out = torch.cat([out, token], dim=1)
-    return out
-
-
+KTH = "probs.topk(min(top_k, probs.size(-1)), dim=-1)"  # the k largest probabilities, and where they are
+DRAW = "[out, torch.multinomial(probs, 1, generator=generator)]"  # the draw (the docstring names it too)
 IN_VOCABULARY_ORDER = ("draw over the probabilities in vocabulary order: torch.multinomial(probs, 1, "
                        "generator=generator), probs (B, vocab) with zeros where top-k and top-p cut.")
-UNNORMALISED = {"softmax_dim", "renormalise", "temperature_after"}  # their probabilities do not add up to 1
 OTHER_DRAW = ("it draws from the right distribution, but the same random numbers then pick other tokens: the "
               "exercise fixes the draw so that a seeded generator gives the reference's tokens")
-SAMPLE_MISTAKES = [
-    ("softmax over the wrong axis in sampling: the probabilities are normalised over the batch, not over the "
-     "vocabulary", "probs = logits.softmax(dim=-1) on the (B, vocab) logits of the last position.",
-     dict(softmax_dim=0)),
-    ("top-k applied after softmax without renormalising: the k kept probabilities no longer add up to 1",
-     "keep the k largest logits (the others -inf) before the softmax, which then normalises over them.",
-     dict(renormalise=False)),
-    ("temperature applied after softmax: dividing probabilities by T changes nothing once they are "
-     "renormalised; it must divide the logits", "logits = logits / temperature, then the softmax.",
-     dict(temperature_after=True)),
-    ("top-k keeps k - 1 tokens: `logits <= kth` hides the k-th largest logit too",
-     "hide only the logits below the k-th largest: logits.masked_fill(logits < kth, float('-inf')).",
-     dict(kth_dropped=True)),
-    ("top-p drops the token that crosses top_p: a token is kept while the tokens more likely than it add up to "
-     "less than top_p, so the one that takes the sum past top_p stays",
-     "keep where sorted.cumsum(-1) - sorted < top_p (the mass before each token), not sorted.cumsum(-1) < top_p.",
-     dict(crossing_dropped=True)),
-    ("top-p applied before top-k: the notebook's order is temperature, top-k on the logits, softmax, then top-p",
-     "divide by the temperature, keep the top k logits, softmax, and only then cut by top_p and renormalise.",
-     dict(p_before_k=True)),
-    ("the logits of the first position are used: only the last position predicts the next token",
-     "logits = logits[:, -1] (B, vocab), the last position of (B, T, vocab).",
-     dict(position=0)),
-    (f"the token is drawn over the probabilities sorted in descending order (as Meta's LLaMA sample_top_p "
-     f"does), then mapped back: {OTHER_DRAW}", IN_VOCABULARY_ORDER, dict(draw="sorted")),
-    (f"the token is drawn over the top k probabilities alone (as nanochat does), then mapped back: {OTHER_DRAW}",
-     IN_VOCABULARY_ORDER, dict(draw="top_k")),
+UNNORMALISED = [  # mistakes whose probabilities do not add up to 1 (the draw does not show it)
+    Mistake("softmax over the wrong axis in sampling: the probabilities are normalised over the batch, not over "
+            "the vocabulary", "probs = logits.softmax(dim=-1) on the (B, vocab) logits of the last position.",
+            _sample(("logits.softmax(dim=-1)", "logits.softmax(dim=0)"))),
+    Mistake("top-k applied after softmax without renormalising: the k kept probabilities no longer add up to 1",
+            "keep the k largest logits (the others -inf) before the softmax, which then normalises over them.",
+            _sample(('logits = logits.masked_fill(logits < kth, float("-inf"))', "kth = kth"),
+                    ("probs = logits.softmax(dim=-1)", f"probs = logits.softmax(dim=-1)\n        probs = probs if top_k "
+                     f"is None else probs.masked_fill(probs < {KTH}.values[:, -1:], 0.0)"))),
+    Mistake("temperature applied after softmax: dividing probabilities by T changes nothing once they are "
+            "renormalised; it must divide the logits", "logits = logits / temperature, then the softmax.",
+            _sample(("logits = logits / temperature", "logits = logits"),
+                    ("probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=-1) / temperature"))),
 ]
+NORMALISED = [
+    Mistake("top-k keeps k - 1 tokens: `logits <= kth` hides the k-th largest logit too",
+            "hide only the logits below the k-th largest: logits.masked_fill(logits < kth, float('-inf')).",
+            _sample(("logits < kth", "logits <= kth"))),
+    Mistake("top-p drops the token that crosses top_p: a token is kept while the tokens more likely than it add "
+            "up to less than top_p, so the one that takes the sum past top_p stays",
+            "keep where sorted.cumsum(-1) - sorted < top_p (the mass before each token), not sorted.cumsum(-1) < top_p.",
+            _sample(("sorted_probs.cumsum(dim=-1) - sorted_probs", "sorted_probs.cumsum(dim=-1)"),
+                    ("likelier < top_p)", "(likelier < top_p) | (torch.arange(probs.size(-1)) == 0))"))),
+    Mistake("top-p applied before top-k: the notebook's order is temperature, top-k on the logits, softmax, then "
+            "top-p", "divide by the temperature, keep the top k logits, softmax, and only then cut by top_p and "
+            "renormalise.",
+            _sample(("if top_k is not None:", "if False:"),
+                    (f"out = torch.cat({DRAW}", f"if top_k is not None:\n            probs = probs.masked_fill("
+                     f"probs < {KTH}.values[:, -1:], 0.0)\n            probs = probs / probs.sum(dim=-1, keepdim=True)"
+                     f"\n        out = torch.cat({DRAW}"))),
+    Mistake("the logits of the first position are used: only the last position predicts the next token",
+            "logits = logits[:, -1] (B, vocab), the last position of (B, T, vocab).",
+            _sample(("logits = logits[:, -1]", "logits = logits[:, 0]"))),
+    Mistake(f"the token is drawn over the probabilities sorted in descending order (as Meta's LLaMA sample_top_p "
+            f"does), then mapped back: {OTHER_DRAW}", IN_VOCABULARY_ORDER,
+            _sample((DRAW, "[out, probs.sort(dim=-1, descending=True).indices.gather(-1, torch.multinomial("
+                           "probs.sort(dim=-1, descending=True).values, 1, generator=generator))]"))),
+    Mistake(f"the token is drawn over the top k probabilities alone (as nanochat does), then mapped back: "
+            f"{OTHER_DRAW}", IN_VOCABULARY_ORDER,
+            _sample((DRAW, f"[out, {KTH}.indices.gather(-1, torch.multinomial({KTH}.values, 1, generator=generator))]"))),
+]
+SAMPLE_MISTAKES = UNNORMALISED + NORMALISED
 
 
 def _options(case: SampleCase) -> dict:
@@ -1100,14 +1035,12 @@ def _name_sampling_mistake(name, reference, idx64, case: SampleCase, tokens, nor
     (which the draw hides): only they are tried when the probabilities drawn from were seen not to add up, and
     never when they were seen to, so that another mistake that draws the same tokens on a case keeps its name."""
     options = _options(case)
-    for problem, hint, change in SAMPLE_MISTAKES:
-        if normalised is not None and normalised == bool(change.keys() & UNNORMALISED):
-            continue
+    for mistake in {None: SAMPLE_MISTAKES, False: UNNORMALISED, True: NORMALISED}[normalised]:
         try:
             with torch.no_grad():
-                result = _sample(reference, idx64, case.new, generator=stand_ins.seeded_generator("cpu", case.seed),
-                                 **options, **change)
+                result = mistake.compute(reference, idx64, case.new,
+                                         generator=stand_ins.seeded_generator("cpu", case.seed), **options)
         except Exception:  # the mistake cannot run on this case
             continue
         if isinstance(result, torch.Tensor) and torch.equal(result, tokens):
-            fail(name, problem, hint)
+            fail(name, mistake.problem, mistake.hint)

@@ -410,17 +410,18 @@ class EditDoesNotApply(Exception):
     """A mistake's edit names a fragment its reference definition does not hold exactly once."""
 
 
-def edited(function: Callable, *changes: tuple[str, str]) -> Callable:
-    """``function``, a reference definition, with each ``(old, new)`` fragment of its source replaced: what a
-    mistake computes, written as the mistake itself rather than as a second copy of the reference. It is
-    compiled when the checks load, so an ``old`` the reference no longer holds exactly once fails loudly
+def edited(function: Callable, *changes: tuple[str, str], **names) -> Callable:
+    """``function``, a reference definition (a method too: then called with its object first), with each
+    ``(old, new)`` fragment of its source replaced, and ``names`` in place of the module's: what a mistake
+    computes, written as the mistake itself rather than as a second copy of the reference. It is compiled
+    when the checks load, so an ``old`` the reference no longer holds exactly once fails loudly
     (``EditDoesNotApply``) instead of dropping the mistake."""
     source = textwrap.dedent(inspect.getsource(function))
     for old, new in changes:
         if source.count(old) != 1:
             raise EditDoesNotApply(f"{function.__qualname__} holds {source.count(old)} times {old!r}")
         source = source.replace(old, new)
-    namespace = dict(function.__globals__)
+    namespace = dict(inspect.unwrap(function).__globals__) | names  # a decorated function: its own module
     exec(compile(source, f"<{function.__qualname__}, edited>", "exec"), namespace)  # noqa: S102 (our reference)
     return namespace[function.__name__]
 
