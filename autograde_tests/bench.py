@@ -269,8 +269,10 @@ def training(repeats: int, steps: int | None) -> list[Row]:
 
 def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Row]:
     """Chapter 6's model (the book's size, random weights: speed does not depend on them) generating
-    ``lengths`` tokens after an 8-token prompt, greedy, one sequence, with and without the KV cache. The
-    numbers also go to ``speeds`` (JSON) for the chapter's figure."""
+    ``lengths`` tokens after an 8-token prompt, greedy, one sequence, with and without the KV cache; then with
+    the cache and n_kv_heads = n_heads, n_heads / 2 and 1 (grouped-query attention), each with the bytes its
+    cache holds per token, measured on the cache itself. The numbers also go to ``speeds`` (JSON) for the
+    chapter's figures."""
     import json
 
     from . import lm_training
@@ -289,10 +291,25 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
             rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
                             f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
                             f"{uncached / cached:.1f}×"))
+        grouped = []
+        for kv_heads in sorted({config.n_heads, config.n_heads // 2, 1}, reverse=True):
+            torch.manual_seed(0)
+            model = GPT(96, config.d_model, config.n_heads, config.n_layers, config.d_ff, n_kv_heads=kv_heads).eval()
+            n = lengths[-1]
+            seconds = median_seconds(lambda: generate(model, prompt, n, temperature=0), repeats)
+            with torch.no_grad():
+                _, cache = model(prompt)
+            per_token = sum(t.nbytes for pair in cache for t in pair) // prompt.size(1)
+            grouped.append({"n_kv_heads": kv_heads, "cache_bytes_per_token": per_token,
+                            "tokens_per_s": round(n / seconds, 1)})
+            rows.append(Row(f"`generate` with the cache, {n} tokens, n_kv_heads={kv_heads} of {config.n_heads} (cpu)",
+                            f"{n / seconds:.0f} tokens/s", f"{per_token} bytes of cache per token",
+                            "" if kv_heads == config.n_heads else
+                            f"{grouped[0]['cache_bytes_per_token'] / per_token:.0f}× smaller cache"))
     if speeds is not None:
         speeds.parent.mkdir(parents=True, exist_ok=True)
         speeds.write_text(json.dumps({"machine": machine()[0].removeprefix("- CPU: "), "repeats": repeats,
-                                      "runs": found}, indent=1) + "\n")
+                                      "runs": found, "grouped": grouped}, indent=1) + "\n")
     return rows
 
 

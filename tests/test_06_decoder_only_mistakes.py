@@ -32,8 +32,7 @@ def rotary_cases():
 def block_cases():
     for seed, cases in ((630, checks.VISIBLE_BLOCK), (6300, checks.HIDDEN_BLOCK)):
         for i, case in enumerate(cases):
-            block = randomise(ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff, case.eps).double(), Inputs(seed + i + 500))
-            yield (block, *checks._block_inputs(case, seed + i))
+            yield (checks._reference_block(case, seed + i), *checks._block_inputs(case, seed + i))
 
 
 def model_cases():

@@ -7,6 +7,8 @@ handed to the learner's code is itself an answer to an exercise. Each function r
 object the check then uses through its proxy.
 """
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -129,19 +131,58 @@ def convolution_calls(module: nn.Module, x: torch.Tensor) -> dict:
     return {"unused": [key for key, _ in convolutions if key not in called], "linear": linear.count}
 
 
+@contextlib.contextmanager
+def _globals_set(namespace: dict, values: dict):
+    """The globals ``values`` set in ``namespace`` (the notebook's), as they were afterwards."""
+    absent = object()
+    saved = {name: namespace.get(name, absent) for name in values}
+    namespace.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is absent:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+
+
 def with_global(module: nn.Module, name: str, value, *args):
     """``module(*args)`` while the global ``name`` that its class's code reads (the notebook's namespace) is
     ``value``; as it was afterwards."""
-    namespace, absent = type(module).forward.__globals__, object()
-    saved = namespace.get(name, absent)
-    namespace[name] = value
-    try:
+    with _globals_set(type(module).forward.__globals__, {name: value}):
         return module(*args)
-    finally:
-        if saved is absent:
-            namespace.pop(name, None)
-        else:
-            namespace[name] = saved
+
+
+class Recorded(nn.Module):
+    """Built in place of a class the learner's constructor calls by name (``built_with``): it keeps the
+    arguments it was given and computes nothing (the check lends its own stand-in in its place)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.given = (args, kwargs)
+
+
+def built_with(cls: type, names: tuple[str, ...], *args, **kwargs) -> nn.Module:
+    """``cls(*args, **kwargs)`` while each global in ``names`` that its ``__init__`` reads (the notebook's
+    namespace) is a ``Recorded`` class of that name: the learner's module, built without the learner's other
+    classes (e.g. a GPT without the learner's DecoderBlock), which ``recorded`` then reads."""
+    namespace = getattr(cls.__init__, "__globals__", None)
+    if namespace is None:  # an __init__ not written in Python: it calls none of the notebook's classes
+        return cls(*args, **kwargs)
+    with _globals_set(namespace, {name: type(name, (Recorded,), {}) for name in names}):
+        return cls(*args, **kwargs)
+
+
+def recorded(module: nn.Module) -> list[tuple[str, str, list, dict]]:
+    """(path, class name, args, kwargs) of each ``Recorded`` in ``module``, in order; an argument that is
+    not a plain number, string or None is given as its type's name."""
+
+    def plain(value):
+        return value if value is None or isinstance(value, (bool, int, float, str)) else type(value).__name__
+
+    return [(path, type(m).__name__, [plain(a) for a in m.given[0]], {k: plain(v) for k, v in m.given[1].items()})
+            for path, m in module.named_modules() if isinstance(m, Recorded)]
 
 
 def unrotated(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -276,3 +317,18 @@ def watched(fn, args: tuple, kwargs: dict, read_once: bool = False) -> dict:
     modified = [i for i, (old, new) in enumerate(zip(before, now)) if not all(map(torch.equal, old, new))]
     return {"result": result, "largest": created.largest, "elements": created.elements, "modified": modified,
             "reads": stream.passes if stream else 1, "went_back": stream.went_back if stream else None}
+
+
+def state_of(module: nn.Module) -> dict:
+    """``module``'s state dict: its parameters and buffers by name, as they are now."""
+    return {key: value.detach() for key, value in module.state_dict().items()}
+
+
+def entries(mapping: dict) -> dict:
+    """What ``mapping`` (a dict of tensors) holds now."""
+    return dict(mapping)
+
+
+def same_object(first, second) -> bool:
+    """Whether ``first`` and ``second`` are one object (a function returned the module it was given)."""
+    return first is second

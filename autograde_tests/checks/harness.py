@@ -469,14 +469,17 @@ def construct(name: str, cls: type, *args, **kwargs) -> nn.Module:
     return module.eval()
 
 
-def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str) -> None:
+def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str, lent: tuple[str, ...] = ()) -> None:
     """Load the reference's parameters into the learner's module, by name.
 
     Checks never rely on initialisation order: both modules get the very same numbers. A missing,
     extra or misshapen parameter fails with its name and ``hint`` (what the contract asks for); buffers
     of the learner's own (a persistent positional encoding, a stored mask) are the learner's business.
+    Parameters under the submodules named in ``lent`` (stand-ins the check lent, with their own weights) are
+    left out.
     """
-    want, have = reference.state_dict(), learner.state_dict()
+    own = lambda state: {key: value for key, value in state.items() if not key.startswith(tuple(f"{p}." for p in lent))}
+    want, have = own(reference.state_dict()), own(learner.state_dict())
     parameters = {key for key, _ in learner.named_parameters()}
     missing = sorted(want.keys() - have.keys())
     extra = sorted(key for key in have.keys() - want.keys() if key in parameters)

@@ -31,25 +31,30 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 class DecoderBlock(nn.Module):
     """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
-        self.h = n_heads
+        self.h, self.kv, d = n_heads, n_kv_heads or n_heads, d_model // n_heads
         self.attn_norm, self.ffn_norm = (RMSNorm(d_model, eps) for _ in "ab")
-        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model, bias=False) for _ in "qkvo")
+        self.w_q, self.w_o = (nn.Linear(d_model, d_model, bias=False) for _ in "qo")
+        self.w_k, self.w_v = (nn.Linear(d_model, self.kv * d, bias=False) for _ in "kv")
         self.w_gate, self.w_up = (nn.Linear(d_model, d_ff, bias=False) for _ in "gu")
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
-        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
-        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
-        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # (3 d_model, d_model)
-        q, k, v = F.linear(self.attn_norm(x), w).unflatten(-1, (3, self.h, -1)).permute(2, 0, 3, 1, 4)
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h_kv, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h_kv, T_past + T, d_k)."""
+        w = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # ((h + 2 h_kv) d_k, d_model)
+        d = x.size(-1) // self.h
+        qkv = F.linear(self.attn_norm(x), w).split([self.h * d, self.kv * d, self.kv * d], -1)
+        q, k, v = (t.unflatten(-1, (-1, d)).transpose(1, 2) for t in qkv)
         q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         if cache is not None:
             k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
         T, S = x.size(1), k.size(2)
         mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)
-        x = x + self.w_o(scaled_dot_product_attention(q, k, v, mask)[0].transpose(1, 2).flatten(2))
+        g = self.h // self.kv
+        att = scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), mask)[0]
+        x = x + self.w_o(att.transpose(1, 2).flatten(2))
         g = self.ffn_norm(x)
         return x + self.w_down(F.silu(self.w_gate(g)) * self.w_up(g)), (k, v)
 
@@ -57,10 +62,11 @@ class DecoderBlock(nn.Module):
 class GPT(nn.Module):
     """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.embed, self.norm = nn.Embedding(vocab, d_model), RMSNorm(d_model, eps)
-        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads) for _ in range(n_layers))
         self.head = nn.Linear(d_model, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor, cache: list | None = None):

@@ -35,30 +35,33 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 class DecoderBlock(nn.Module):
     """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
         self.heads = n_heads
+        self.kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.attn_norm = RMSNorm(d_model, eps)
         self.ffn_norm = RMSNorm(d_model, eps)
-        for nm in ("w_q", "w_k", "w_v", "w_o"):
+        for nm in ("w_q", "w_o"):
             setattr(self, nm, nn.Linear(d_model, d_model, bias=False))
+        for nm in ("w_k", "w_v"):
+            setattr(self, nm, nn.Linear(d_model, self.kv_heads * (d_model // n_heads), bias=False))
         self.w_gate = nn.Linear(d_model, d_ff, bias=False)
         self.w_up = nn.Linear(d_model, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
-        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
-        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h_kv, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h_kv, T_past + T, d_k)."""
         n_new = x.shape[1]
         a = self.attn_norm(x)
 
-        def heads_of(layer):  # (B, T, d_model) @ W^T, then (B, h, T, d_k)
+        def heads_of(layer, count):  # (B, T, count d_k) = a @ W^T, then (B, count, T, d_k)
             y = torch.einsum("btc,oc->bto", a, layer.weight)
-            return y.unflatten(-1, (self.heads, -1)).permute(0, 2, 1, 3)
+            return y.unflatten(-1, (count, -1)).permute(0, 2, 1, 3)
 
-        q = apply_rotary(heads_of(self.w_q), positions)
-        k = apply_rotary(heads_of(self.w_k), positions)
-        v = heads_of(self.w_v)
+        q = apply_rotary(heads_of(self.w_q, self.heads), positions)
+        k = apply_rotary(heads_of(self.w_k, self.kv_heads), positions)
+        v = heads_of(self.w_v, self.kv_heads)
         if cache is not None:
             k = torch.cat((cache[0], k), dim=2)
             v = torch.cat((cache[1], v), dim=2)
@@ -66,9 +69,10 @@ class DecoderBlock(nn.Module):
         key_at = torch.arange(n_all, device=x.device)
         query_at = torch.arange(n_new, device=x.device) + (n_all - n_new)
         visible = key_at.unsqueeze(0) <= query_at.unsqueeze(1)  # (T, T_past + T)
-        logits = torch.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+        grouped = q.unflatten(1, (self.kv_heads, -1))  # (B, h_kv, group, T, d_k): a group per key/value head
+        logits = torch.einsum("bngqd,bnkd->bngqk", grouped, k) * q.shape[-1] ** -0.5
         attn = logits.masked_fill(visible.logical_not(), -math.inf).softmax(-1)
-        mixed = torch.einsum("bhqk,bhkd->bqhd", attn, v).flatten(2)  # (B, T, d_model)
+        mixed = torch.einsum("bngqk,bnkd->bqngd", attn, v).flatten(2)  # (B, T, d_model)
         x = x + torch.einsum("btc,oc->bto", mixed, self.w_o.weight)
         f = self.ffn_norm(x)
         gated = F.silu(torch.einsum("btc,fc->btf", f, self.w_gate.weight)) * torch.einsum("btc,fc->btf", f, self.w_up.weight)
@@ -79,10 +83,11 @@ class DecoderBlock(nn.Module):
 class GPT(nn.Module):
     """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList([DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers)])
+        self.blocks = nn.ModuleList([DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads) for _ in range(n_layers)])
         self.norm = RMSNorm(d_model, eps)
         self.head = nn.Linear(d_model, vocab, bias=False)
 

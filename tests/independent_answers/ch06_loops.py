@@ -42,14 +42,17 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 class DecoderBlock(nn.Module):
     """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
         self.n_heads = n_heads
+        self.n_kv_heads = n_heads
+        if n_kv_heads is not None:
+            self.n_kv_heads = n_kv_heads
         self.head_dim = d_model // n_heads
         self.attn_norm = RMSNorm(d_model, eps)
         self.w_q = nn.Linear(d_model, d_model, bias=False)
-        self.w_k = nn.Linear(d_model, d_model, bias=False)
-        self.w_v = nn.Linear(d_model, d_model, bias=False)
+        self.w_k = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=False)
+        self.w_v = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.w_o = nn.Linear(d_model, d_model, bias=False)
         self.ffn_norm = RMSNorm(d_model, eps)
         self.w_gate = nn.Linear(d_model, d_ff, bias=False)
@@ -57,8 +60,8 @@ class DecoderBlock(nn.Module):
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
-        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
-        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h_kv, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h_kv, T_past + T, d_k)."""
         T = x.shape[1]
         dk = self.head_dim
         normed = self.attn_norm(x)
@@ -69,20 +72,25 @@ class DecoderBlock(nn.Module):
         for t in range(T):  # query t (at place past + t) sees keys 0 .. past + t
             rows.append(torch.arange(total, device=x.device) <= past + t)
         allowed = torch.stack(rows)  # (T, total)
-        head_outputs, head_keys, head_values = [], [], []
+        head_keys, head_values = [], []
+        for kv in range(self.n_kv_heads):
+            cols = slice(kv * dk, (kv + 1) * dk)
+            k = apply_rotary(keys[:, :, cols].unsqueeze(1), positions)[:, 0]  # (B, T, dk)
+            v = values[:, :, cols]
+            if cache is not None:
+                k = torch.cat([cache[0][:, kv], k], dim=1)  # (B, total, dk)
+                v = torch.cat([cache[1][:, kv], v], dim=1)
+            head_keys.append(k)
+            head_values.append(v)
+        per_group = self.n_heads // self.n_kv_heads
+        head_outputs = []
         for hd in range(self.n_heads):
             cols = slice(hd * dk, (hd + 1) * dk)
             q = apply_rotary(queries[:, :, cols].unsqueeze(1), positions)[:, 0]  # (B, T, dk)
-            k = apply_rotary(keys[:, :, cols].unsqueeze(1), positions)[:, 0]
-            v = values[:, :, cols]
-            if cache is not None:
-                k = torch.cat([cache[0][:, hd], k], dim=1)  # (B, total, dk)
-                v = torch.cat([cache[1][:, hd], v], dim=1)
+            k, v = head_keys[hd // per_group], head_values[hd // per_group]
             scores = q @ k.transpose(1, 2) / math.sqrt(dk)  # (B, T, total)
             weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
             head_outputs.append(weights @ v)
-            head_keys.append(k)
-            head_values.append(v)
         x = x + self.w_o(torch.cat(head_outputs, dim=-1))
         normed = self.ffn_norm(x)
         gate = self.w_gate(normed)
@@ -93,12 +101,13 @@ class DecoderBlock(nn.Module):
 class GPT(nn.Module):
     """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         layers = []
         for _ in range(n_layers):
-            layers.append(DecoderBlock(d_model, n_heads, d_ff, eps))
+            layers.append(DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads))
         self.blocks = nn.ModuleList(layers)
         self.norm = RMSNorm(d_model, eps)
         self.head = nn.Linear(d_model, vocab, bias=False)

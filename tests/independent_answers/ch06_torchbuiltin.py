@@ -32,24 +32,28 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 class DecoderBlock(nn.Module):
     """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
         self.num_heads = n_heads
+        self.num_kv_heads = n_kv_heads if n_kv_heads else n_heads
         self.add_module("attn_norm", RMSNorm(d_model, eps))
         self.add_module("ffn_norm", RMSNorm(d_model, eps))
-        for key in ("q", "k", "v", "o"):
-            self.add_module(f"w_{key}", nn.Linear(d_model, d_model, bias=False))
+        widths = {"q": d_model, "k": d_model // n_heads * self.num_kv_heads, "v": d_model // n_heads * self.num_kv_heads,
+                  "o": d_model}
+        for key, width in widths.items():
+            self.add_module(f"w_{key}", nn.Linear(d_model, width, bias=False))
         self.add_module("w_gate", nn.Linear(d_model, d_ff, bias=False))
         self.add_module("w_up", nn.Linear(d_model, d_ff, bias=False))
         self.add_module("w_down", nn.Linear(d_ff, d_model, bias=False))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
-        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
-        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h_kv, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h_kv, T_past + T, d_k)."""
         batch, steps, width = x.size()
         normed = self.attn_norm(x)
-        q, k, v = (proj(normed).view(batch, steps, self.num_heads, width // self.num_heads).permute(0, 2, 1, 3)
-                   for proj in (self.w_q, self.w_k, self.w_v))
+        q, k, v = (proj(normed).view(batch, steps, heads, width // self.num_heads).permute(0, 2, 1, 3)
+                   for proj, heads in ((self.w_q, self.num_heads), (self.w_k, self.num_kv_heads),
+                                       (self.w_v, self.num_kv_heads)))
         q = apply_rotary(q, positions)
         k = apply_rotary(k, positions)
         if cache is not None:
@@ -58,7 +62,7 @@ class DecoderBlock(nn.Module):
         offset = k.size(-2) - steps
         # key j is visible to new query t when j - t <= offset (True = may attend, as in F.sdpa)
         distance = torch.arange(k.size(-2), device=x.device)[None, :] - torch.arange(steps, device=x.device)[:, None]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=distance.le(offset))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=distance.le(offset), enable_gqa=True)
         x = torch.add(x, self.w_o(out.permute(0, 2, 1, 3).reshape(batch, steps, width)))
         normed = self.ffn_norm(x)
         return torch.add(x, self.w_down(torch.mul(F.silu(self.w_gate(normed)), self.w_up(normed)))), (k, v)
@@ -67,11 +71,13 @@ class DecoderBlock(nn.Module):
 class GPT(nn.Module):
     """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.head = nn.Linear(d_model, vocab, bias=False)
         self.norm = RMSNorm(d_model, eps)
-        self.blocks = nn.ModuleList(list(map(lambda _: DecoderBlock(d_model, n_heads, d_ff, eps), range(n_layers))))
+        self.blocks = nn.ModuleList(list(map(lambda _: DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads),
+                                                 range(n_layers))))
         self.embed = nn.Embedding(vocab, d_model)
 
     def forward(self, idx: torch.Tensor, cache: list | None = None):

@@ -59,17 +59,20 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 class DecoderBlock(nn.Module):
     """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_k = d_model // n_heads
+        # Grouped-query attention: fewer key/value heads than query heads (as many by default).
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.queries_per_kv_head = n_heads // self.n_kv_heads
 
         # Sublayer 1: normalisation, then causal self-attention.
         self.attn_norm = RMSNorm(d_model, eps)
         self.w_q = nn.Linear(d_model, d_model, bias=False)
-        self.w_k = nn.Linear(d_model, d_model, bias=False)
-        self.w_v = nn.Linear(d_model, d_model, bias=False)
+        self.w_k = nn.Linear(d_model, self.n_kv_heads * self.d_k, bias=False)
+        self.w_v = nn.Linear(d_model, self.n_kv_heads * self.d_k, bias=False)
         self.w_o = nn.Linear(d_model, d_model, bias=False)
 
         # Sublayer 2: normalisation, then the SwiGLU feed-forward network.
@@ -79,14 +82,20 @@ class DecoderBlock(nn.Module):
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
-        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h, T_past, d_k).
-        Returns (B, T, d_model) and the new cache (k, v), each (B, h, T_past + T, d_k)."""
+        """x: (B, T, d_model) at positions (T,); cache: None or (k, v), each (B, h_kv, T_past, d_k).
+        Returns (B, T, d_model) and the new cache (k, v), each (B, h_kv, T_past + T, d_k)."""
         batch_size, new_length, _ = x.shape
 
-        def split_into_heads(states):
-            # (B, T, d_model) -> (B, T, h, d_k) -> (B, h, T, d_k)
-            per_head = states.reshape(batch_size, new_length, self.n_heads, self.d_k)
+        def split_into_heads(states, number_of_heads):
+            # (B, T, heads · d_k) -> (B, T, heads, d_k) -> (B, heads, T, d_k)
+            per_head = states.reshape(batch_size, new_length, number_of_heads, self.d_k)
             return per_head.permute(0, 2, 1, 3)
+
+        def repeat_for_each_query_head(per_kv_head):
+            # (B, h_kv, S, d_k) -> (B, h_kv, group, S, d_k) -> (B, h, S, d_k): a group of query heads per kv head
+            b, kv_heads, length, d_k = per_kv_head.shape
+            expanded = per_kv_head[:, :, None].expand(b, kv_heads, self.queries_per_kv_head, length, d_k)
+            return expanded.reshape(b, kv_heads * self.queries_per_kv_head, length, d_k)
 
         def merge_heads(per_head):
             # (B, h, T, d_k) -> (B, T, h, d_k) -> (B, T, d_model)
@@ -94,9 +103,9 @@ class DecoderBlock(nn.Module):
 
         # --- attention sublayer -------------------------------------------------------------
         attention_input = self.attn_norm(x)
-        queries = split_into_heads(self.w_q(attention_input))
-        keys = split_into_heads(self.w_k(attention_input))
-        values = split_into_heads(self.w_v(attention_input))
+        queries = split_into_heads(self.w_q(attention_input), self.n_heads)
+        keys = split_into_heads(self.w_k(attention_input), self.n_kv_heads)
+        values = split_into_heads(self.w_v(attention_input), self.n_kv_heads)
 
         # Positions enter only here: rotate queries and keys, leave the values alone.
         queries = apply_rotary(queries, positions)
@@ -115,7 +124,8 @@ class DecoderBlock(nn.Module):
         future = torch.ones(new_length, total_length, dtype=torch.bool, device=x.device).triu(past_length + 1)
         may_attend = ~future  # (T, T_past + T)
 
-        attended, _attention_weights = scaled_dot_product_attention(queries, keys, values, may_attend)
+        attended, _attention_weights = scaled_dot_product_attention(
+            queries, repeat_for_each_query_head(keys), repeat_for_each_query_head(values), may_attend)
         attention_output = self.w_o(merge_heads(attended))
         after_attention = x + attention_output
 
@@ -133,12 +143,13 @@ class DecoderBlock(nn.Module):
 class GPT(nn.Module):
     """Token embedding, n_layers DecoderBlocks, a final RMSNorm and the output head."""
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)  # no positional table: RoPE handles positions
         self.blocks = nn.ModuleList()
         for _layer_number in range(n_layers):
-            self.blocks.append(DecoderBlock(d_model, n_heads, d_ff, eps))
+            self.blocks.append(DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads))
         self.norm = RMSNorm(d_model, eps)  # the last residual sum was never normalised
         self.head = nn.Linear(d_model, vocab, bias=False)  # its own weight, not tied to the embedding
 
