@@ -1,4 +1,5 @@
-"""Chapter 07_attention_at_scale: exact attention without the (m, n) matrix (Dao et al., 2022, FlashAttention).
+"""Chapter 07_attention_at_scale: exact attention without the (m, n) matrix, in FlashAttention-2's loop order
+(Dao, 2023; the tiling is FlashAttention's, Dao et al., 2022).
 
 Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V needs, row by row, only three running quantities:
 the largest score seen so far (m), the sum of exp(score - m) (l), and the sum of exp(score - m) v (the
