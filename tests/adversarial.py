@@ -343,10 +343,11 @@ CASES = [CANARY, *HOSTILE, *HONEST, *DAMAGED]
 # ------------------------------------------------------------------ chapters 5, 6 and 7: what each can gain
 
 TRANSFORMER, DECODER_ONLY, AT_SCALE = "05_transformer", "06_decoder_only", "07_attention_at_scale"
-POINTS = {TRANSFORMER: 20, DECODER_ONLY: 19, AT_SCALE: 9}
+POINTS = {TRANSFORMER: 20, DECODER_ONLY: 24, AT_SCALE: 9}
 # test_positional_encoding 2, test_encoder_layer 3, test_decoder_layer 4, test_transformer 5,
 # test_teacher_forcing_loss 3, test_greedy_decode 3; test_rms_norm 2, test_apply_rotary 3, test_decoder_block 5,
-# test_gpt 3, test_lm_loss 2, test_generate 4; test_online_softmax 3, test_tiled_attention 6.
+# test_gpt 3, test_lm_loss 2, test_generate 4, test_load_hf_llama 2, test_load_meta_llama 3; test_online_softmax 3,
+# test_tiled_attention 6.
 
 
 def replaced(grade_id: str, source: str) -> Callable:
@@ -535,14 +536,14 @@ LATER = [
          chapter=TRANSFORMER),
     links_to_the_instructors(TRANSFORMER),
     *resource_cases(TRANSFORMER),
-    Case("imports_the_reference_06", replaced("gpt", "from autograde_tests.reference import GPT"), 19 - 3,
+    Case("imports_the_reference_06", replaced("gpt", "from autograde_tests.reference import GPT"), 24 - 3,
          chapter=DECODER_ONLY),
-    Case("gpt_by_the_checks_06", replaced("gpt", GPT_BY_THE_CHECKS), 19 - 3, chapter=DECODER_ONLY),
-    Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 19 - 4, chapter=DECODER_ONLY),
+    Case("gpt_by_the_checks_06", replaced("gpt", GPT_BY_THE_CHECKS), 24 - 3, chapter=DECODER_ONLY),
+    Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 24 - 4, chapter=DECODER_ONLY),
     # whether generate uses the cache is the grader's record (the stand-in model is lent): patching it gains nothing
-    Case("ignores_the_cache_06", edited("generate", NO_CACHE), 19 - 4, chapter=DECODER_ONLY),
+    Case("ignores_the_cache_06", edited("generate", NO_CACHE), 24 - 4, chapter=DECODER_ONLY),
     Case("ignores_the_cache_stand_in_patched_06", and_cell(STAND_IN_ANSWERS_AS_IF_CACHED, edited(
-        "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 19 - 4, chapter=DECODER_ONLY),
+        "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 24 - 4, chapter=DECODER_ONLY),
     links_to_the_instructors(DECODER_ONLY),
     *resource_cases(DECODER_ONLY),
     Case("imports_the_reference_07", replaced("tiled_attention", "from autograde_tests.reference import tiled_attention"),

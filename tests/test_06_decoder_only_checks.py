@@ -13,6 +13,7 @@ contract does not allow (a draw over sorted or top-k probabilities, temperature 
 turned to float32).
 """
 
+import copy
 import math
 
 import pytest
@@ -27,6 +28,8 @@ from autograde_tests.checks import (
     check_generate,
     check_gpt,
     check_lm_loss,
+    check_load_hf_llama,
+    check_load_meta_llama,
     check_rms_norm,
 )
 
@@ -227,10 +230,21 @@ class BlockBase(R.DecoderBlock):
     def allowed(self, T, total, device):
         return torch.arange(total, device=device) <= torch.arange(total - T, total, device=device)[:, None]
 
-    def project(self, h, positions):
+    def heads(self, h):
+        """q (B, h, T, d_k), k and v (B, h_kv, T, d_k), not rotated."""
         B, T, _ = h.shape
-        q, k, v = (w(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+        q = self.w_q(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2)
+        k, v = (w(h).view(B, T, self.n_kv_heads, self.d_k).transpose(1, 2) for w in (self.w_k, self.w_v))
+        return q, k, v
+
+    def project(self, h, positions):
+        q, k, v = self.heads(h)
         return self.rotate(q, positions), self.rotate(k, positions), v
+
+    def share(self, k, v):
+        """The KV heads repeated for their groups of query heads: (B, h_kv, S, d_k) -> (B, h, S, d_k)."""
+        group = self.n_heads // self.n_kv_heads
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
     def ffn(self, h):
         return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
@@ -241,7 +255,7 @@ class BlockBase(R.DecoderBlock):
         q, k, v = self.project(h, positions)
         if cache is not None:
             k, v = self.append(cache, k, v)
-        out, _ = R.scaled_dot_product_attention(q, k, v, self.allowed(T, k.size(2), h.device))
+        out, _ = R.scaled_dot_product_attention(q, *self.share(k, v), self.allowed(T, k.size(2), h.device))
         return self.w_o(out.transpose(1, 2).reshape(B, T, -1)), (k, v)
 
     def forward(self, x, positions, cache=None):
@@ -251,20 +265,22 @@ class BlockBase(R.DecoderBlock):
 
 
 class BlockTorchAttention(BlockBase):
-    """PyTorch's attention with an explicit mask, and the cache handed back as a list."""
+    """PyTorch's attention with an explicit mask and its own grouped-query heads, and the cache handed back as a
+    list."""
 
     def forward(self, x, positions, cache=None):
         B, T, _ = x.shape
         q, k, v = self.project(self.attn_norm(x), positions)
         if cache is not None:
             k, v = torch.cat([cache[0], k], -2), torch.cat([cache[1], v], -2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed(T, k.size(2), x.device))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.allowed(T, k.size(2), x.device), enable_gqa=True)
         x = x + self.w_o(out.transpose(1, 2).flatten(2))
         return x + self.ffn(self.ffn_norm(x)), [k, v]
 
 
 class BlockEinsum(BlockBase):
-    """Scores with einsum, the mask from triu, and complex-number RoPE."""
+    """Scores with einsum, each query head's group an axis of its own, the mask from triu, and complex-number
+    RoPE."""
 
     def rotate(self, t, positions):
         return rotary_complex(t, positions)
@@ -274,10 +290,11 @@ class BlockEinsum(BlockBase):
         q, k, v = self.project(self.attn_norm(x), positions)
         if cache is not None:
             k, v = torch.cat((cache[0], k), 2), torch.cat((cache[1], v), 2)
-        scores = torch.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(self.d_k)
+        grouped = q.view(B, self.n_kv_heads, self.n_heads // self.n_kv_heads, T, self.d_k)  # (B, h_kv, g, T, d_k)
+        scores = torch.einsum("bkgtd,bksd->bkgts", grouped, k) / math.sqrt(self.d_k)
         future = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).triu(k.size(2) - T + 1)
         weights = scores.masked_fill(future, float("-inf")).softmax(-1)
-        x = x + self.w_o(torch.einsum("bhts,bhsd->bthd", weights, v).reshape(B, T, -1))
+        x = x + self.w_o(torch.einsum("bkgts,bksd->btkgd", weights, v).reshape(B, T, -1))
         return x + self.ffn(self.ffn_norm(x)), (k, v)
 
 
@@ -294,8 +311,7 @@ class BlockRotatesValues(BlockBase):
 
 class BlockRotatesQueriesOnly(BlockBase):
     def project(self, h, positions):
-        B, T, _ = h.shape
-        q, k, v = (w(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+        q, k, v = self.heads(h)
         return self.rotate(q, positions), k, v
 
 
@@ -342,7 +358,8 @@ class BlockRopeBeforeTheHeads(BlockBase):
     def project(self, h, positions):
         B, T, _ = h.shape
         q, k = self.rotate(self.w_q(h), positions), self.rotate(self.w_k(h), positions)
-        return (t.view(B, T, self.n_heads, self.d_k).transpose(1, 2) for t in (q, k, self.w_v(h)))
+        return (q.view(B, T, self.n_heads, self.d_k).transpose(1, 2),
+                *(t.view(B, T, self.n_kv_heads, self.d_k).transpose(1, 2) for t in (k, self.w_v(h))))
 
 
 class BlockUnscaled(BlockBase):
@@ -373,12 +390,43 @@ def apply_rotary(x, positions, base=10000.0):
 class BlockAsInTheNotebook(BlockBase):
     """Right, but built on this module's wrong apply_rotary and an RMSNorm without its weight."""
 
-    def __init__(self, d_model, n_heads, d_ff, eps=1e-6):
-        super().__init__(d_model, n_heads, d_ff, eps)
+    def __init__(self, d_model, n_heads, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(d_model, n_heads, d_ff, eps, n_kv_heads)
         self.attn_norm, self.ffn_norm = RMSNormWithoutTheWeight(d_model, eps), RMSNormWithoutTheWeight(d_model, eps)
 
     def rotate(self, t, positions):
         return apply_rotary(t, positions)
+
+
+class BlockKVHeadsTiled(BlockBase):
+    def share(self, k, v):
+        group = self.n_heads // self.n_kv_heads
+        return k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+
+
+class BlockCachesTheRepeatedHeads(BlockBase):
+    def heads(self, h):
+        q, k, v = super().heads(h)
+        return q, *super().share(k, v)
+
+    def share(self, k, v):
+        return k, v
+
+
+class BlockWithoutKVHeads(BlockBase):
+    """Ignores n_kv_heads: as many key and value heads as query heads."""
+
+    def __init__(self, d_model, n_heads, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(d_model, n_heads, d_ff, eps)
+
+
+RMSNorm = R.RMSNorm  # a notebook's global: the class its DecoderBlock calls by name
+
+
+class BlockNormsWithoutEps(BlockBase):
+    def __init__(self, d_model, n_heads, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(d_model, n_heads, d_ff, eps, n_kv_heads)
+        self.attn_norm, self.ffn_norm = RMSNorm(d_model), RMSNorm(d_model)
 
 
 class BlockMaskOnTheCPU(BlockBase):
@@ -418,10 +466,18 @@ def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsy
     (BlockUnscaled, r"the scores are not scaled by 1/sqrt\(d_k\)"),
     (BlockPostNorm, r"the norms come after the residual sums \(Post-Norm"),
     (BlockOneNorm, "the FFN's input goes through attn_norm"),
+    (BlockKVHeadsTiled, "the key and value heads are repeated along the wrong axis"),
+    (BlockCachesTheRepeatedHeads, "the cache holds the key and value heads repeated for every query head"),
+    (BlockWithoutKVHeads, r"parameter w_k.weight has shape \(16, 16\), expected \(8, 16\)"),
 ])
 def test_decoder_block_check_names_the_mistake(DecoderBlock, message):
     with pytest.raises(AssertionError, match=message):
         check_decoder_block(DecoderBlock)
+
+
+def test_hidden_cases_name_norms_built_without_eps():
+    with pytest.raises(AssertionError, match=r"attn_norm is built as RMSNorm with eps=1e-06 \(the model's is 0.1\)"):
+        check_decoder_block(BlockNormsWithoutEps, hidden=True)
 
 
 def test_an_error_only_with_a_cache_keeps_the_traceback_of_the_learners_code(learner_side):
@@ -546,16 +602,45 @@ class RMSNormWithoutTheWeight(R.RMSNorm):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
-def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):
-    """One mistake costs one exercise: the blocks and the final norm have checks of their own."""
-    class GPTWithBadBlocksAndNorm(R.GPT):
-        def __init__(self, vocab, d_model, n_heads, n_layers, d_ff, eps=1e-6):
-            super().__init__(vocab, d_model, n_heads, n_layers, d_ff, eps)
-            self.blocks = nn.ModuleList(BlockMaskBlindToCache(d_model, n_heads, d_ff) for _ in range(n_layers))
-            self.norm = RMSNormWithoutTheWeight(d_model)
+DecoderBlock = BlockWithoutKVHeads  # a notebook's global, wrong: the class its GPT calls by name
 
-    check_gpt(GPTWithBadBlocksAndNorm, hidden=True)
+
+class GPTOnTheNotebooksClasses(R.GPT):
+    """Builds its blocks and norm from the notebook's DecoderBlock and RMSNorm, as the notebook's GPT does."""
+
+    def __init__(self, vocab, d_model, n_heads, n_layers, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(vocab, d_model, n_heads, n_layers, d_ff, eps, n_kv_heads)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads) for _ in range(n_layers))
+        self.norm = RMSNorm(d_model, eps)
+
+
+class GPTWithoutKVHeads(R.GPT):
+    def __init__(self, vocab, d_model, n_heads, n_layers, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(vocab, d_model, n_heads, n_layers, d_ff, eps, n_kv_heads)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers))
+
+
+class GPTBlocksWithoutEps(R.GPT):
+    def __init__(self, vocab, d_model, n_heads, n_layers, d_ff, eps=1e-6, n_kv_heads=None):
+        super().__init__(vocab, d_model, n_heads, n_layers, d_ff, eps, n_kv_heads)
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads)
+                                    for _ in range(n_layers))
+
+
+def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):
+    """One mistake costs one exercise: the blocks and the final norm have checks of their own. This GPT's
+    DecoderBlock ignores n_kv_heads (its keys would not fit the hidden cases' weights)."""
+    check_gpt(GPTOnTheNotebooksClasses, hidden=True)
     assert "✔ GPT" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("GPT, hidden, message", [
+    (GPTWithoutKVHeads, False, r"blocks.0 is built as DecoderBlock with n_kv_heads=4 \(the model's is 2\)"),
+    (GPTBlocksWithoutEps, True, r"blocks.0 is built as DecoderBlock with eps=1e-06 \(the model's is 0.1\)"),
+])
+def test_gpt_check_names_arguments_its_blocks_were_not_given(GPT, hidden, message):
+    with pytest.raises(AssertionError, match=message):
+        check_gpt(GPT, hidden=hidden)
 
 
 # ------------------------------------------------------------------------ lm_loss
@@ -773,3 +858,238 @@ def test_unwritten_exercise_says_so():
 
     with pytest.raises(AssertionError, match="is not written yet"):
         check_generate(generate)
+
+
+# ------------------------------------------------------------------------ load_hf_llama, load_meta_llama
+
+HF_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "w_q": "self_attn.q_proj",
+            "w_k": "self_attn.k_proj", "w_v": "self_attn.v_proj", "w_o": "self_attn.o_proj", "w_gate": "mlp.gate_proj",
+            "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+META_LAYER = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "w_q": "attention.wq", "w_k": "attention.wk",
+              "w_v": "attention.wv", "w_o": "attention.wo", "w_gate": "feed_forward.w1", "w_up": "feed_forward.w3",
+              "w_down": "feed_forward.w2"}
+
+
+def hf_by_load_state_dict(model, state_dict):
+    """Renamed into a new dict, loaded with load_state_dict (which copies, keeping dtype and device)."""
+    ours = {"embed.weight": state_dict["model.embed_tokens.weight"], "norm.weight": state_dict["model.norm.weight"]}
+    ours["head.weight"] = state_dict["lm_head.weight"] if "lm_head.weight" in state_dict else ours["embed.weight"]
+    for i in range(len(model.blocks)):
+        for name, theirs in HF_LAYER.items():
+            ours[f"blocks.{i}.{name}.weight"] = state_dict[f"model.layers.{i}.{theirs}.weight"]
+    model.load_state_dict(ours)
+    return model
+
+
+def hf_by_keys(model, state_dict):
+    """Walks the checkpoint's keys; ties the head by sharing the embedding's parameter."""
+    with torch.no_grad():
+        for key, w in state_dict.items():
+            parts = key.split(".")
+            if parts[:2] == ["model", "layers"]:
+                block = model.blocks[int(parts[2])]
+                name = next(n for n, t in HF_LAYER.items() if t == ".".join(parts[3:-1]))
+                getattr(block, name).weight.copy_(w)
+            else:
+                {"model.embed_tokens.weight": model.embed, "model.norm.weight": model.norm,
+                 "lm_head.weight": model.head}[key].weight.copy_(w)
+        if "lm_head.weight" not in state_dict:
+            model.head.weight = model.embed.weight
+    return model
+
+
+def hf_loader(copy=lambda ours, theirs, w: w, names=HF_LAYER, head="lm_head.weight", tie=True, replace=False,
+              returns=True, head_required=False):
+    """The reference's way, with one thing changed: ``copy`` what goes into a block's weight ``ours``."""
+
+    @torch.no_grad()
+    def load(model, state_dict):
+        def put(param_owner, w):
+            if replace:
+                param_owner.weight = nn.Parameter(w)
+            else:
+                param_owner.weight.copy_(w)
+
+        put(model.embed, state_dict["model.embed_tokens.weight"])
+        for i, block in enumerate(model.blocks):
+            for ours, theirs in names.items():
+                put(getattr(block, ours), copy(ours, theirs, state_dict[f"model.layers.{i}.{theirs}.weight"]))
+        put(model.norm, state_dict["model.norm.weight"])
+        if head in state_dict or head_required:
+            put(model.head, state_dict[head])
+        elif tie:
+            put(model.head, state_dict["model.embed_tokens.weight"])
+        return model if returns else None
+
+    return load
+
+
+def meta_to_half_split(w, d_k):
+    """Each head's rows (2i, 2i + 1) to (i, i + d_k/2), by a view."""
+    return w.unflatten(0, (-1, d_k // 2, 2)).transpose(1, 2).flatten(0, 2)
+
+
+def meta_loader(reorder=meta_to_half_split, rotated=("w_q", "w_k"), names=META_LAYER, d_k_of=lambda block, w: block.d_k,
+                head="output.weight", tie=True, copy=lambda w: w, in_place=False):
+    @torch.no_grad()
+    def load(model, checkpoint):
+        model.embed.weight.copy_(checkpoint["tok_embeddings.weight"])
+        for i, block in enumerate(model.blocks):
+            for ours, theirs in names.items():
+                w = checkpoint[f"layers.{i}.{theirs}.weight"]
+                if ours in rotated:
+                    if in_place:
+                        w.copy_(reorder(w, d_k_of(block, w)))
+                    else:
+                        w = reorder(w, d_k_of(block, w))
+                getattr(block, ours).weight.copy_(copy(w))
+        model.norm.weight.copy_(checkpoint["norm.weight"])
+        if head in checkpoint:
+            model.head.weight.copy_(checkpoint[head])
+        elif tie:
+            model.head.weight.copy_(checkpoint["tok_embeddings.weight"])
+        return model
+
+    return load
+
+
+def meta_by_indices(model, checkpoint):
+    """Converted to Hugging Face's layout with an index permutation, then loaded as Hugging Face's."""
+    hf = {"model.embed_tokens.weight": checkpoint["tok_embeddings.weight"], "model.norm.weight": checkpoint["norm.weight"]}
+    if "output.weight" in checkpoint:
+        hf["lm_head.weight"] = checkpoint["output.weight"]
+    for i, block in enumerate(model.blocks):
+        for ours, theirs in META_LAYER.items():
+            w = checkpoint[f"layers.{i}.{theirs}.weight"]
+            if ours in ("w_q", "w_k"):
+                d_k = block.n_heads and block.d_k
+                index = [head * d_k + j for head in range(w.shape[0] // d_k) for j in
+                         list(range(0, d_k, 2)) + list(range(1, d_k, 2))]
+                w = w[index]
+            hf[f"model.layers.{i}.{HF_LAYER[ours]}.weight"] = w
+    return hf_by_load_state_dict(model, hf)
+
+
+def swapped(names, a, b):
+    names = dict(names)
+    names[a], names[b] = names[b], names[a]
+    return names
+
+
+def half_split_to_interleaved(w, d_k):
+    """The reordering written the wrong way round: (i, i + d_k/2) to (2i, 2i + 1)."""
+    return w.unflatten(0, (-1, 2, d_k // 2)).transpose(1, 2).flatten(0, 2)
+
+
+def across_all_heads(w, d_k):
+    return torch.cat([w[0::2], w[1::2]])
+
+
+@pytest.mark.parametrize("load_hf_llama", [R.load_hf_llama, hf_by_load_state_dict, hf_by_keys, hf_loader()])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_load_hf_llama_check_passes_correct_variants(load_hf_llama, hidden, capsys):
+    check_load_hf_llama(load_hf_llama, hidden=hidden)
+    assert "✔ load_hf_llama" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("load_hf_llama, message", [
+    (hf_loader(copy=lambda ours, theirs, w: w.T if ours in ("w_q", "w_o") else w), r"the weights are transposed \(w.T\)"),
+    (hf_loader(copy=lambda ours, theirs, w: w.T if w.dim() == 2 else w),
+     r"raised RuntimeError: The size of tensor a \(16\) must match the size of tensor b \(24\)(.|\n)*If your code "
+     r"transposes weights \(w.T\), it should not"),
+    (hf_loader(head_required=True), r"raised KeyError: .*lm_head.weight(.|\n)*the head is not tied to the embedding"),
+    (hf_loader(tie=False), "the head is not tied to the embedding when the checkpoint has none"),
+    (hf_loader(head="model.embed_tokens.weight"), "the head is taken from the embedding although the checkpoint has"),
+    (hf_loader(copy=lambda ours, theirs, w: meta_to_half_split(w, 8) if ours in ("w_q", "w_k") else w),
+     "Hugging Face's q_proj and k_proj were reordered as Meta's are"),
+    (hf_loader(names=swapped(HF_LAYER, "attn_norm", "ffn_norm")), "the two norms are swapped"),
+    (hf_loader(returns=False), "returns NoneType, not the model it was given"),
+    (hf_loader(copy=lambda ours, theirs, w: w.float()), "float32 precision only in the logits"),
+    (hf_loader(names=swapped(HF_LAYER, "w_k", "w_v")),  # no known mistake: the first parameter that differs is named
+     r"the first parameter that differs from the reference's: blocks.0.w_k.weight\) and the reference differ"),
+])
+def test_load_hf_llama_check_names_the_mistake(load_hf_llama, message):
+    with pytest.raises(AssertionError, match=message):
+        check_load_hf_llama(load_hf_llama)
+
+
+def test_a_loader_that_puts_the_checkpoints_tensors_in_place_of_the_parameters_is_told_so():
+    """As published checkpoints are stored, in bfloat16 (a hidden case): the model would become bfloat16."""
+    with pytest.raises(AssertionError, match=r"is now torch.bfloat16 on cpu, where the model was torch.float32"):
+        check_load_hf_llama(hf_loader(replace=True), hidden=True)
+
+
+def test_a_loader_that_transposes_with_data_is_told_the_shapes():
+    def load(model, state_dict):
+        hf_loader()(model, state_dict)
+        for block in model.blocks:
+            block.w_gate.weight.data = block.w_gate.weight.data.T.contiguous()
+        return model
+
+    with pytest.raises(AssertionError, match=r"blocks.0.w_gate.weight now has shape \(16, 24\), expected \(24, 16\): "
+                                             r"the weights are transposed"):
+        check_load_hf_llama(load)
+
+
+@pytest.mark.parametrize("load_meta_llama", [R.load_meta_llama, meta_loader(), meta_by_indices])
+@pytest.mark.parametrize("hidden", [False, True])
+def test_load_meta_llama_check_passes_correct_variants(load_meta_llama, hidden, capsys):
+    check_load_meta_llama(load_meta_llama, hidden=hidden)
+    assert "✔ load_meta_llama" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("load_meta_llama, message", [
+    (meta_loader(rotated=()), "wq and wk are copied without reordering their rows"),
+    (meta_loader(rotated=("w_q", "w_k", "w_v")), "the rows of wv are reordered too"),
+    (meta_loader(rotated=("w_q", "w_k", "w_v", "w_o")), "the rows of wv and wo are reordered too"),
+    (meta_loader(rotated=("w_q",)), "only wq's rows are reordered"),
+    (meta_loader(reorder=half_split_to_interleaved), "the rows are reordered the wrong way round"),
+    (meta_loader(reorder=across_all_heads), "the rows are reordered across all the heads at once"),
+    (meta_loader(names=swapped(META_LAYER, "w_gate", "w_up")), "the FFN's w1 and w3 are swapped"),
+    (meta_loader(copy=lambda w: w.T if w.dim() == 2 and w.size(0) == w.size(1) else w),
+     r"the weights are transposed \(w.T\)"),
+    (meta_loader(tie=False), "the head is not tied to the embedding when the checkpoint has none"),
+    (meta_loader(head="tok_embeddings.weight"), "the head is taken from the embedding although the checkpoint has"),
+    (meta_loader(in_place=True), "changed the checkpoint it was given"),
+])
+def test_load_meta_llama_check_names_the_mistake(load_meta_llama, message):
+    with pytest.raises(AssertionError, match=message):
+        check_load_meta_llama(load_meta_llama)
+
+
+def by_query_heads(w, block):
+    """Meta's reordering as Hugging Face's converter writes it, with the query heads' count for the keys too."""
+    return w.view(block.n_heads, -1, 2, w.size(1)).transpose(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("load_meta_llama", [
+    meta_loader(d_k_of=lambda block, w: w.size(0) // block.n_heads),  # runs, and reorders wk in the wrong groups
+    meta_loader(reorder=lambda w, block: by_query_heads(w, block), d_k_of=lambda block, w: block),  # cannot run
+])
+def test_a_meta_loader_that_counts_the_keys_heads_as_the_queries_is_told_about_grouped_query_heads(load_meta_llama):
+    with pytest.raises(AssertionError, match=r"w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's"):
+        check_load_meta_llama(load_meta_llama)
+
+
+def test_a_weight_the_loader_forgot_is_named():
+    def load(model, state_dict):
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if key != "norm.weight":
+                    param.copy_(R.load_hf_llama(copy.deepcopy(model), state_dict).get_parameter(key))
+        return model
+
+    with pytest.raises(AssertionError, match="norm.weight was not loaded: it still holds the weights the model had"):
+        check_load_hf_llama(load)
+
+
+def test_an_unwritten_reordering_says_so():
+    def interleaved_to_half_split(w, d_k):
+        raise NotImplementedError()
+
+    @torch.no_grad()
+    def load_meta_llama(model, checkpoint):
+        return meta_loader(reorder=interleaved_to_half_split)(model, checkpoint)
+
+    with pytest.raises(AssertionError, match="load_meta_llama: is not written yet"):
+        check_load_meta_llama(load_meta_llama)

@@ -98,3 +98,35 @@ def test_a_sampling_mistake_draws_other_tokens_on_the_checks_cases(mistake):
 
     outcomes = [(drawn(run, mistake.compute), run(ref.generate)) for run in sample_cases()]
     assert any(got is not None and not torch.equal(got, want) for got, want in outcomes)
+
+
+def load_cases(layout, reference):
+    for seed, cases in ((layout[1], checks.VISIBLE_LOAD), (layout[1] * 10, checks.HIDDEN_LOAD)):
+        for i, case in enumerate(cases):
+            before = checks._load_state(case, seed + i)
+            checkpoint = checks._checkpoint(layout[0], case, checks._load_state(case, seed + i + 300), torch.float64)
+            idx = torch.randint(case.vocab, checks.LOADED_IDX, generator=Inputs(seed + i + 600).generator)
+            yield (before, checkpoint, idx, case), checks._loading(reference)(before, checkpoint, idx, case)
+
+
+@pytest.mark.parametrize("mistake", checks.HF_MISTAKES, ids=lambda m: m.problem[:40])
+def test_a_hf_loading_mistake_shows_on_the_checks_cases(mistake):
+    assert any(differs(mistake.compute(*args), want) for args, want in load_cases((checks.HF_NAMES, 670), ref.load_hf_llama))
+
+
+@pytest.mark.parametrize("mistake", checks.META_MISTAKES, ids=lambda m: m.problem[:40])
+def test_a_meta_loading_mistake_shows_on_the_checks_cases(mistake):
+    assert any(differs(mistake.compute(*args), want)
+               for args, want in load_cases((checks.META_NAMES, 680), ref.load_meta_llama))
+
+
+@pytest.mark.parametrize("mistakes", [checks.HF_MISTAKES, checks.META_MISTAKES])
+def test_the_loading_mistakes_differ_from_each_other_on_the_visible_cases(mistakes):
+    """Each is named where it first shows (the visible cases): none may compute what another does on all of them."""
+    hf = mistakes is checks.HF_MISTAKES
+    layout, reference = ((checks.HF_NAMES, 670), ref.load_hf_llama) if hf else ((checks.META_NAMES, 680), ref.load_meta_llama)
+    cases = [args for args, _ in load_cases(layout, reference)][: len(checks.VISIBLE_LOAD)]
+    results = [[m.compute(*args) for args in cases] for m in mistakes]
+    for a in range(len(mistakes)):
+        for b in range(a + 1, len(mistakes)):
+            assert any(differs(x, y) for x, y in zip(results[a], results[b])), (mistakes[a].problem, mistakes[b].problem)

@@ -9,6 +9,7 @@ its "eager" attention takes the softmax in float32 too.
 """
 
 import pytest
+import safetensors.torch
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,9 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 
-from autograde_tests.reference import GPT, DecoderBlock, RMSNorm, apply_rotary, generate, lm_loss
+from autograde_tests.reference import (GPT, DecoderBlock, RMSNorm, apply_rotary, generate, load_hf_llama,
+                                        load_meta_llama, lm_loss)
+from autograde_tests.reference.decoder_only import interleaved_to_half_split
 
 from .conftest import assert_close, dtypes, randomise
 
@@ -25,10 +28,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF = 13, 16, 4, 2, 24
 
 
-def llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
+def llama(dtype: torch.dtype, seed: int, n_kv_heads: int = N_HEADS, tied: bool = False) -> LlamaForCausalLM:
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=D_FF, num_hidden_layers=N_LAYERS,
-                         num_attention_heads=N_HEADS, num_key_value_heads=N_HEADS, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False, attn_implementation="sdpa")
+                         num_attention_heads=N_HEADS, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tied, attn_implementation="sdpa")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(dtype).eval()
     with torch.no_grad():  # norms away from their starting ones, so a misplaced norm shows
@@ -39,19 +42,10 @@ def llama(dtype: torch.dtype, seed: int) -> LlamaForCausalLM:
 
 
 def from_llama(model: LlamaForCausalLM) -> GPT:
-    """Our GPT with the Hugging Face model's weights, name for name."""
-    ours = GPT(VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF).to(model.dtype).eval()
-    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "w_q": "self_attn.q_proj",
-             "w_k": "self_attn.k_proj", "w_v": "self_attn.v_proj", "w_o": "self_attn.o_proj",
-             "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
-    theirs = dict(model.named_parameters())
-    state = {"embed.weight": theirs["model.embed_tokens.weight"], "norm.weight": theirs["model.norm.weight"],
-             "head.weight": theirs["lm_head.weight"]}
-    for i in range(N_LAYERS):
-        for ours_name, their_name in names.items():
-            state[f"blocks.{i}.{ours_name}.weight"] = theirs[f"model.layers.{i}.{their_name}.weight"]
-    ours.load_state_dict(state)
-    return ours
+    """Our GPT with the Hugging Face model's weights, loaded by the reference's ``load_hf_llama``."""
+    ours = GPT(VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF, n_kv_heads=model.config.num_key_value_heads)
+    ours = ours.to(model.dtype).eval()
+    return load_hf_llama(ours, model.state_dict())
 
 
 @pytest.fixture
@@ -72,23 +66,25 @@ def llama_in_float64(monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaRotaryEmbedding, "forward", rotary)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_gpt_logits_match_llama_in_float64(llama_in_float64, seed):
-    model = llama(torch.float64, seed)
+@pytest.mark.parametrize("seed, n_kv_heads", [(0, N_HEADS), (1, N_HEADS), (5, N_HEADS // 2), (6, 1)])
+def test_gpt_logits_match_llama_in_float64(llama_in_float64, seed, n_kv_heads):
+    model = llama(torch.float64, seed, n_kv_heads)
     idx = torch.randint(VOCAB, (3, 9), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         assert_close(from_llama(model)(idx)[0], model(idx).logits)
 
 
-def test_gpt_logits_match_llama_in_float32_as_transformers_computes_them():
-    model = llama(torch.float32, 2)
+@pytest.mark.parametrize("n_kv_heads", [N_HEADS, N_HEADS // 2])
+def test_gpt_logits_match_llama_in_float32_as_transformers_computes_them(n_kv_heads):
+    model = llama(torch.float32, 2, n_kv_heads)
     idx = torch.randint(VOCAB, (2, 11), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert_close(from_llama(model)(idx)[0], model(idx).logits)
 
 
-def test_gpt_cached_logits_match_llama_with_its_cache(llama_in_float64):
-    model = llama(torch.float64, 3)
+@pytest.mark.parametrize("n_kv_heads", [N_HEADS, N_HEADS // 2, 1])
+def test_gpt_cached_logits_match_llama_with_its_cache(llama_in_float64, n_kv_heads):
+    model = llama(torch.float64, 3, n_kv_heads)
     ours = from_llama(model)
     idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -101,7 +97,7 @@ def test_gpt_cached_logits_match_llama_with_its_cache(llama_in_float64):
             past = theirs.past_key_values
             logits, cache = ours(idx[:, t:t + 1], cache)
             assert_close(logits, theirs.logits)
-    for i, (k, v) in enumerate(cache):  # the same keys (rotated) and values, (B, h, T, d_k)
+    for i, (k, v) in enumerate(cache):  # the same keys (rotated) and values, (B, h_kv, T, d_k): never repeated
         assert_close(k, past.layers[i].keys)
         assert_close(v, past.layers[i].values)
 
@@ -156,6 +152,25 @@ def test_block_cache_grows_along_time_and_holds_rotated_keys():
     _, (k2, _) = block(x[:, :1], torch.tensor([5]), (k, v))
     assert k2.shape == (2, N_HEADS, 6, D_MODEL // N_HEADS)
     assert torch.equal(k2[:, :, :5], k)
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_grouped_query_block_caches_only_its_kv_heads(n_kv_heads):
+    block = randomise(DecoderBlock(D_MODEL, N_HEADS, D_FF, n_kv_heads=n_kv_heads).double(), 4)
+    assert block.w_k.out_features == block.w_v.out_features == n_kv_heads * (D_MODEL // N_HEADS)
+    _, (k, v) = block(torch.randn(2, 5, D_MODEL, dtype=torch.float64), torch.arange(5))
+    assert k.shape == v.shape == (2, n_kv_heads, 5, D_MODEL // N_HEADS)
+
+
+def test_grouped_query_attention_equals_multi_head_with_each_kv_head_copied_to_its_group():
+    grouped = randomise(DecoderBlock(D_MODEL, N_HEADS, D_FF, n_kv_heads=2).double(), 7)
+    full = DecoderBlock(D_MODEL, N_HEADS, D_FF).double()
+    state = grouped.state_dict()
+    for key in ("w_k.weight", "w_v.weight"):  # (h_kv · d_k, d_model) -> (h · d_k, d_model), head j from KV head j // 2
+        state[key] = state[key].view(2, D_MODEL // N_HEADS, D_MODEL).repeat_interleave(2, dim=0).reshape(D_MODEL, D_MODEL)
+    full.load_state_dict(state)
+    x = torch.randn(3, 6, D_MODEL, dtype=torch.float64)
+    assert_close(grouped(x, torch.arange(6))[0], full(x, torch.arange(6))[0])
 
 
 @settings(max_examples=15, deadline=None)
@@ -221,3 +236,144 @@ def test_top_p_keeps_the_most_likely_token_even_when_it_alone_passes_p():
     model, idx = small_model(9), torch.randint(VOCAB, (4, 3))
     assert torch.equal(generate(model, idx, 5, top_p=1e-9, generator=torch.Generator().manual_seed(0)),
                        generate(model, idx, 5, temperature=0))
+
+
+# ------------------------------------------------------------------------ loading a checkpoint
+# Hugging Face's Llama checkpoints are what ``save_pretrained`` writes (no lm_head when the head is tied); Meta's
+# layout is built from them by the inverse of the reordering Hugging Face's converter applies to wq and wk
+# (convert_llama_weights_to_hf.py, "permute for sliced rotary"), and proven on its own against Meta's own RoPE,
+# which turns neighbouring features as one complex number.
+
+HF_TO_META = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output",
+              "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
+              "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
+              "mlp.down_proj": "feed_forward.w2"}
+
+
+def lively(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:
+    """``model`` with weights of a useful size (``randomise``): transformers' initialisation (std 0.02) leaves the
+    scores near 0, where RoPE, and so the order of the rows of wq and wk, would barely show in the logits."""
+    return randomise(model, seed)
+
+
+def saved(model: LlamaForCausalLM, folder) -> dict:
+    """The state dict a downloaded checkpoint holds: the model saved by ``save_pretrained``, read back."""
+    model.save_pretrained(folder)
+    return safetensors.torch.load_file(folder / "model.safetensors")
+
+
+def to_meta(state: dict, d_k: int) -> dict:
+    """A Hugging Face Llama state dict in Meta's layout: Meta's names, and in each head of wq and wk the rows of
+    pair i, (i, i + d_k/2) in Hugging Face's, put next to each other at (2i, 2i + 1)."""
+    meta = {}
+    for key, w in state.items():
+        name = key.removesuffix(".weight")
+        if name.startswith("model.layers."):
+            i, part = name.removeprefix("model.layers.").split(".", 1)
+            name = f"layers.{i}.{HF_TO_META[part]}"
+            if part in ("self_attn.q_proj", "self_attn.k_proj"):
+                w = w.view(-1, 2, d_k // 2, w.size(1)).transpose(1, 2).reshape(w.shape)
+        else:
+            name = HF_TO_META[name]
+        meta[f"{name}.weight"] = w.clone()
+    return meta
+
+
+def loaded_into_a_random_gpt(loader, checkpoint: dict, model: LlamaForCausalLM) -> GPT:
+    """A GPT with random weights of its own (so a weight not loaded shows), loaded by ``loader``."""
+    config = model.config
+    ours = randomise(GPT(VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF, n_kv_heads=config.num_key_value_heads), 11)
+    ours = ours.to(model.dtype).eval()
+    assert loader(ours, checkpoint) is ours  # in place, and returned
+    return ours
+
+
+LOADS = [(torch.float64, False, N_HEADS), (torch.float64, True, N_HEADS // 2), (torch.float64, False, 1),
+         (torch.float32, True, 1), (torch.float32, False, N_HEADS // 2)]
+
+
+@pytest.mark.parametrize("dtype, tied, n_kv_heads", LOADS)
+def test_load_hf_llama_gives_the_logits_of_the_saved_llama(dtype, tied, n_kv_heads, request, tmp_path):
+    if dtype == torch.float64:
+        request.getfixturevalue("llama_in_float64")
+    model = lively(llama(dtype, 20 + n_kv_heads, n_kv_heads, tied), n_kv_heads)
+    checkpoint = saved(model, tmp_path)
+    assert ("lm_head.weight" in checkpoint) is not tied  # a tied checkpoint holds no head: it is the embedding
+    ours = loaded_into_a_random_gpt(load_hf_llama, checkpoint, model)
+    idx = torch.randint(VOCAB, (3, 9), generator=torch.Generator().manual_seed(n_kv_heads))
+    with torch.no_grad():
+        assert_close(ours(idx)[0], model(idx).logits)
+
+
+@pytest.mark.parametrize("dtype, tied, n_kv_heads", LOADS)
+def test_load_meta_llama_gives_the_same_logits_from_metas_layout(dtype, tied, n_kv_heads, request, tmp_path):
+    if dtype == torch.float64:
+        request.getfixturevalue("llama_in_float64")
+    model = lively(llama(dtype, 30 + n_kv_heads, n_kv_heads, tied), n_kv_heads)
+    checkpoint = to_meta(saved(model, tmp_path), D_MODEL // N_HEADS)
+    assert ("output.weight" in checkpoint) is not tied
+    ours = loaded_into_a_random_gpt(load_meta_llama, checkpoint, model)
+    idx = torch.randint(VOCAB, (2, 10), generator=torch.Generator().manual_seed(n_kv_heads))
+    with torch.no_grad():
+        assert_close(ours(idx)[0], model(idx).logits)
+
+
+def test_metas_layout_differs_from_hugging_faces_and_loads_wrong_without_the_reordering(tmp_path):
+    """The test's Meta layout is not Hugging Face's under other names: loaded as Hugging Face's, it gives other
+    logits."""
+    model = lively(llama(torch.float64, 40, N_HEADS // 2), 40)
+    hf = saved(model, tmp_path)
+    meta = to_meta(hf, D_MODEL // N_HEADS)
+    renamed = {key: meta[next(iter(to_meta({key: w}, D_MODEL // N_HEADS)))] for key, w in hf.items()}
+    unordered = loaded_into_a_random_gpt(load_hf_llama, renamed, model)
+    idx = torch.randint(VOCAB, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.allclose(unordered(idx)[0], model(idx).logits, rtol=0.01, atol=0.01)
+
+
+def meta_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Meta's LLaMA RoPE (apply_rotary_emb): features (2i, 2i + 1) as the complex number x_2i + i·x_2i+1, turned
+    by e^(i·p·θ_i), θ_i = base^(-2i/d_k)."""
+    d_k = x.size(-1)
+    theta = base ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    turn = torch.polar(torch.ones(len(positions), d_k // 2, dtype=torch.float64), positions[:, None].double() * theta)
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d_k // 2, 2).contiguous())
+    return torch.view_as_real(z * turn).flatten(-2).to(x.dtype)
+
+
+@pytest.mark.parametrize("n_heads, n_kv_heads, d_k", [(2, 2, 8), (4, 2, 6), (3, 1, 12)])
+def test_reordered_rows_give_metas_rotated_scores_with_the_courses_rope(n_heads, n_kv_heads, d_k):
+    """Meta's scores, from its own weights and RoPE, are the course's from the reordered weights and half-split
+    RoPE: the query and key features are permuted alike, so every dot product is the same."""
+    d_model, T = n_heads * d_k, 7
+    gen = torch.Generator().manual_seed(n_heads * 100 + d_k)
+    x = torch.randn(T, d_model, generator=gen, dtype=torch.float64)
+    wq = torch.randn(n_heads * d_k, d_model, generator=gen, dtype=torch.float64)
+    wk = torch.randn(n_kv_heads * d_k, d_model, generator=gen, dtype=torch.float64)
+    positions = torch.arange(3, 3 + T)
+
+    def scores(q_weight, k_weight, rotary):
+        q = rotary((x @ q_weight.T).view(T, n_heads, d_k).transpose(0, 1), positions)  # (h, T, d_k)
+        k = rotary((x @ k_weight.T).view(T, n_kv_heads, d_k).transpose(0, 1), positions)  # (h_kv, T, d_k)
+        return q @ k.repeat_interleave(n_heads // n_kv_heads, dim=0).transpose(-2, -1)  # (h, T, T)
+
+    theirs = scores(wq, wk, meta_rotary)
+    ours = scores(interleaved_to_half_split(wq, d_k), interleaved_to_half_split(wk, d_k), apply_rotary)
+    assert_close(ours, theirs)
+    assert not torch.allclose(scores(wq, wk, apply_rotary), theirs)  # unordered, the course's RoPE turns other pairs
+
+
+@pytest.mark.parametrize("loader, layout", [(load_hf_llama, lambda state: state),
+                                            (load_meta_llama, lambda state: to_meta(state, D_MODEL // N_HEADS))])
+def test_a_loaded_model_keeps_its_dtype_and_shares_no_memory_with_the_checkpoint(loader, layout, tmp_path):
+    model = llama(torch.float32, 50, N_HEADS // 2)
+    checkpoint = {key: w.to(torch.bfloat16) for key, w in layout(saved(model, tmp_path)).items()}  # as published
+    kept = {key: w.clone() for key, w in checkpoint.items()}
+    ours = loaded_into_a_random_gpt(loader, checkpoint, llama(torch.float64, 50, N_HEADS // 2))
+    assert {p.dtype for p in ours.parameters()} == {torch.float64}
+    assert all(torch.equal(checkpoint[key], w) for key, w in kept.items())  # the checkpoint is left as it was
+    before = {key: p.clone() for key, p in ours.state_dict().items()}
+    for w in checkpoint.values():
+        w.zero_()
+    assert all(torch.equal(p, before[key]) for key, p in ours.state_dict().items())

@@ -23,6 +23,8 @@ from autograde_tests.checks import (  # noqa: F401  (looked up by name, so the l
     check_greedy_decode,
     check_layer_norm,
     check_lm_loss,
+    check_load_hf_llama,
+    check_load_meta_llama,
     check_merge_heads,
     check_multi_head_attention,
     check_padding_mask,
@@ -92,6 +94,16 @@ def another_last_sample(model, idx, *args, **kwargs):
     return out
 
 
+def loaded_off(load):
+    """A loader that loads, then scales the final norm's weight by 1.01."""
+    def wrong(model, checkpoint):
+        load(model, checkpoint)
+        with torch.no_grad():
+            model.norm.weight.mul_(1.01)
+        return model
+    return wrong
+
+
 WRONG = {
     "check_softmax": wrong_function(R.softmax),
     "check_scaled_dot_product_attention": wrong_function(R.scaled_dot_product_attention),
@@ -119,6 +131,8 @@ WRONG = {
     "check_gpt": wrong_module(R.GPT),
     "check_lm_loss": wrong_function(R.lm_loss),
     "check_generate": another_last_sample,
+    "check_load_hf_llama": loaded_off(R.load_hf_llama),
+    "check_load_meta_llama": loaded_off(R.load_meta_llama),
 }
 
 

@@ -71,7 +71,7 @@ def compiled(request):
 
 # Mistake generators that, edited with no change, compute the answer of the chapter's exercises.
 GENERATORS = {
-    "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block"]),
+    "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block", "_reordered"]),
     "07_attention_at_scale": ("autograde_tests.checks.attention_at_scale", ["_tiled", "_online"]),
 }
 EARLIER = "autograde_tests.checks.transformer._greedy"  # an earlier chapter's checks are hidden too

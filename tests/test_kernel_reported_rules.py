@@ -17,6 +17,7 @@ from autograde_tests.checks import (
     check_causal_mask,
     check_ffn_as_conv1d,
     check_generate,
+    check_load_meta_llama,
     check_online_softmax,
     check_softmax,
     check_sublayer_connection,
@@ -38,7 +39,7 @@ from .test_04_ffn_layernorm_residual_checks import (
     conv_returning_the_ffn,
     conv_with_wide_kernels,
 )
-from .test_06_decoder_only_checks import make_generate
+from .test_06_decoder_only_checks import make_generate, meta_loader, swapped, META_LAYER
 from .test_07_attention_at_scale_checks import (naive_attention, online_softmax_in_two_passes,
                                                 online_softmax_in_two_passes_over_a_kept_list)
 
@@ -256,6 +257,26 @@ def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
 def test_generate_with_wrong_tokens_still_fails_a_graded_run(hidden):
     with pytest.raises(AssertionError, match="generate: softmax over the wrong axis"):
         check_generate(graded(make_generate(softmax_dim=0), "06_decoder_only"), hidden=hidden)
+
+
+def loaded_and_returned_none(model, checkpoint):
+    meta_loader()(model, checkpoint)
+
+
+@pytest.mark.parametrize("answer, note", [
+    (meta_loader(in_place=True), "changed the checkpoint it was given"),
+    (loaded_and_returned_none, "returns NoneType, not the model it was given"),
+])
+def test_what_a_loader_did_to_the_checkpoint_and_returned_is_the_kernels_word_in_a_graded_run(answer, note, capsys):
+    """The weights the model holds are read back and judged by the grader; the rest only the kernel can see."""
+    with pytest.raises(AssertionError, match=note):
+        check_load_meta_llama(answer)
+    passes_with_a_note(check_load_meta_llama, graded(answer, "06_decoder_only"), note, capsys)
+
+
+def test_wrong_weights_still_fail_a_graded_run():
+    with pytest.raises(AssertionError, match="load_meta_llama: the FFN's w1 and w3 are swapped"):
+        check_load_meta_llama(graded(meta_loader(names=swapped(META_LAYER, "w_gate", "w_up")), "06_decoder_only"))
 
 
 # -------------------------------------------------------------------------------- chapter 5

@@ -19,7 +19,7 @@ CHAPTER_CHECKS = {
     "transformer": ["check_positional_encoding", "check_encoder_layer", "check_decoder_layer", "check_transformer",
                     "check_teacher_forcing_loss", "check_greedy_decode"],
     "decoder_only": ["check_rms_norm", "check_apply_rotary", "check_decoder_block", "check_gpt", "check_lm_loss",
-                     "check_generate"],
+                     "check_generate", "check_load_hf_llama", "check_load_meta_llama"],
     "attention_at_scale": ["check_online_softmax", "check_tiled_attention"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_CHECKS)

@@ -324,11 +324,12 @@ def state_of(module: nn.Module) -> dict:
     return {key: value.detach() for key, value in module.state_dict().items()}
 
 
-def entries(mapping: dict) -> dict:
-    """What ``mapping`` (a dict of tensors) holds now."""
-    return dict(mapping)
-
-
-def same_object(first, second) -> bool:
-    """Whether ``first`` and ``second`` are one object (a function returned the module it was given)."""
-    return first is second
+def loaded(loader, model: nn.Module, checkpoint: dict) -> dict:
+    """Run ``loader(model, checkpoint)``: whether it returned ``model`` itself (else the class of what it
+    returned), and whether it changed the checkpoint, its tensors or its keys."""
+    before = {key: value.clone() for key, value in checkpoint.items()}
+    returned = loader(model, checkpoint)
+    changed = checkpoint.keys() != before.keys() or not all(
+        isinstance(checkpoint[key], torch.Tensor) and checkpoint[key].shape == value.shape
+        and checkpoint[key].dtype == value.dtype and torch.equal(checkpoint[key], value) for key, value in before.items())
+    return {"model": returned is model, "returned": type(returned).__name__, "changed": changed}

@@ -1,5 +1,5 @@
 """Checks for chapter 06_decoder_only: RMSNorm, RoPE, the decoder block with its KV cache, the model, the
-language-model loss and sampling.
+language-model loss and sampling, and loading a checkpoint in Hugging Face's and in Meta's layout.
 
 The chapter's catalogued mistakes, each named by the check it belongs to (the tests hold one buggy
 implementation per entry):
@@ -25,15 +25,25 @@ implementation per entry):
                     top-p before top-k; the first position's logits; the draw over sorted or top-k probabilities
                     (right distribution, other tokens); no generator; temperature 0 used as a divisor; the cache
                     not used; the cache used although use_cache=False
+    load_hf_llama   the weights transposed; the head left as it was when the checkpoint has none (tied), or
+                    taken from the embedding when it has one; q_proj and k_proj reordered as Meta's are; the two
+                    norms swapped; the model's parameters replaced by the checkpoint's tensors; the checkpoint
+                    changed; the model not returned
+    load_meta_llama wq and wk not reordered; wv (and wo) reordered too; only wq reordered; the reordering the
+                    wrong way round; across all the heads at once; wk reordered with the query heads' count;
+                    w1 and w3 swapped; and those of load_hf_llama that apply
 
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
 be: the block check lends PyTorch's RMSNorm as the block's norms and the course's RoPE as the
 ``apply_rotary`` its code calls; the GPT check runs every case with stand-in blocks (``stand_ins``) and
-PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model. Sampling is reproducible because the exercise fixes how
-a token is drawn: ``torch.multinomial(probs, 1, generator=generator)`` on the final probabilities.
+PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model; the loaders load into a stand-in with a GPT's parameters
+(``stand_ins.load_target``), whose weights the check reads back and judges by a reference GPT's logits. Sampling
+is reproducible because the exercise fixes how a token is drawn: ``torch.multinomial(probs, 1,
+generator=generator)`` on the final probabilities.
 """
 
 import copy
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -297,28 +307,52 @@ def check_apply_rotary(apply_rotary, hidden: bool = False) -> None:
 # ------------------------------------------------------------------------------- DecoderBlock
 
 
+class _HeadOptions:
+    """A case's eps and n_kv_heads, passed by keyword only when it sets them (each reaches what the model
+    builds: the norms, the key and value heads)."""
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def options(self) -> dict:
+        return ({} if self.eps == 1e-6 else {"eps": self.eps}) | \
+            ({} if self.n_kv_heads is None else {"n_kv_heads": self.n_kv_heads})
+
+
 @dataclass(frozen=True)
-class BlockCase:
+class BlockCase(_HeadOptions):
     batch: int
     length: int  # new tokens
     past: int  # cached tokens (0: no cache)
     d_model: int
     n_heads: int
     d_ff: int
-    eps: float = 1e-6  # passed as ``eps=`` when it is not the default (it reaches only the norms: stand-ins here)
+    eps: float = 1e-6
+    n_kv_heads: int | None = None  # grouped-query attention
 
 
-VISIBLE_BLOCK = [BlockCase(2, 5, 0, 8, 2, 12), BlockCase(3, 2, 4, 12, 3, 20), BlockCase(2, 1, 6, 8, 2, 16)]
+VISIBLE_BLOCK = [BlockCase(2, 5, 0, 8, 2, 12), BlockCase(3, 2, 4, 12, 3, 20), BlockCase(2, 1, 6, 8, 2, 16),
+                 BlockCase(2, 4, 0, 16, 4, 20, n_kv_heads=2), BlockCase(2, 2, 3, 12, 3, 16, n_kv_heads=1)]
 HIDDEN_BLOCK = [BlockCase(3, 6, 0, 16, 4, 24), BlockCase(2, 3, 5, 12, 2, 16, eps=0.1), BlockCase(4, 1, 3, 8, 1, 8),
-                BlockCase(1, 4, 7, 12, 3, 28, eps=1e-3)]
+                BlockCase(1, 4, 7, 12, 3, 28, eps=1e-3), BlockCase(2, 5, 0, 24, 6, 32, n_kv_heads=3),
+                BlockCase(3, 2, 4, 24, 6, 16, eps=0.05, n_kv_heads=2), BlockCase(2, 3, 2, 16, 4, 12, n_kv_heads=1)]
 BLOCK_HINT = (
-    "the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model)), w_q, w_k, w_v, w_o "
-    "(nn.Linear(d_model, d_model, bias=False)), w_gate and w_up (nn.Linear(d_model, d_ff, bias=False)) and "
-    "w_down (nn.Linear(d_ff, d_model, bias=False))."
+    "the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model, eps)), w_q and w_o "
+    "(nn.Linear(d_model, d_model, bias=False)), w_k and w_v (nn.Linear(d_model, n_kv_heads * d_k, bias=False): "
+    "n_kv_heads key and value heads, n_heads when not given), w_gate and w_up (nn.Linear(d_model, d_ff, "
+    "bias=False)) and w_down (nn.Linear(d_ff, d_model, bias=False))."
 )
 CACHE_AXIS = (
     "the cache is appended on the wrong axis: keys and values grow along time, axis 2 of (B, h, T, d_k)",
     "k = torch.cat([cache[0], k], dim=2), and the same for v.",
+)
+CACHE_REPEATED = (
+    "the cache holds the key and value heads repeated for every query head: it must keep the n_kv_heads heads "
+    "the projections made, which is what makes grouped-query attention's cache smaller",
+    "cache k and v as (B, n_kv_heads, T_past + T, d_k), and repeat them for the query heads only for the "
+    "product (k.repeat_interleave(n_heads // n_kv_heads, dim=1)).",
 )
 CACHE_ONLY_NEW = (
     "the cache returned holds only the new tokens' keys and values: it must hold every token's so far",
@@ -343,7 +377,8 @@ def _block(*changes: tuple[str, str], **names):
 
 
 ROTATED = "q, k = apply_rotary(q, positions), apply_rotary(k, positions)"
-ATTENDED = "attended, _ = scaled_dot_product_attention(q, k, v, mask)"
+ATTENDED = "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v, mask)"
+SHARED = "shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)"
 RESIDUAL = "x = x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1))"
 FFN_OUT = "return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)), (k, v)"
 BLOCK_MISTAKES = [
@@ -379,7 +414,7 @@ BLOCK_MISTAKES = [
     Mistake(
         "no causal mask: each token sees the tokens after it",
         "mask the scores so that token t attends to keys 0 .. T_past + t only.",
-        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q, k, v)")),
+        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v)")),
     ),
     Mistake(
         "the FFN's gate and up projections are swapped: silu goes on w_gate's output, which multiplies w_up's",
@@ -391,14 +426,21 @@ BLOCK_MISTAKES = [
         "the heads, where each head's (B, h, T, d_k) queries and keys are rotated on their own d_k features",
         "split the heads first (view and transpose to (B, h, T, d_k)), then apply_rotary(q, positions) and "
         "apply_rotary(k, positions).",
-        _block((ROTATED, "q, k = q, k"),
-               ("q, k, v = (w(h).view(", "q, k, v = apply_rotary(self.w_q(h), positions), apply_rotary(self.w_k(h), "
-                "positions), self.w_v(h)\n    q, k, v = (w.view("), ("for w in (self.w_q, self.w_k, self.w_v))", "for w in (q, k, v))")),
+        _block((ROTATED, "q, k = q, k"), ("self.w_q(h).view(", "apply_rotary(self.w_q(h), positions).view("),
+               ("self.w_k(h).view(", "apply_rotary(self.w_k(h), positions).view(")),
     ),
     Mistake(
         "the scores are not scaled by 1/sqrt(d_k)",
         "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k), with d_k the size of one head.",
-        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q * math.sqrt(self.d_k), k, v, mask)")),
+        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q * math.sqrt(self.d_k), shared_k, shared_v, mask)")),
+    ),
+    Mistake(
+        "the key and value heads are repeated along the wrong axis: query head j must read KV head "
+        "j // (n_heads // n_kv_heads), each KV head serving a group of consecutive query heads; yours pairs it "
+        "with KV head j % n_kv_heads, the KV heads tiled (.repeat, or a new axis put before the heads')",
+        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), the same for v; or k[:, :, None].expand(B, n_kv_heads, "
+        "group, T, d_k).reshape(B, n_heads, T, d_k): the group axis after the KV heads' axis.",
+        _block((SHARED, "shared_k, shared_v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")),
     ),
     Mistake(
         "the norms come after the residual sums (Post-Norm, the 2017 Transformer's order): this block is "
@@ -422,13 +464,18 @@ def _block_inputs(case: BlockCase, seed: int):
     draw = Inputs(seed)
     x = draw.randn(case.batch, case.length, case.d_model)
     d_k = case.d_model // case.n_heads
-    cache = None if case.past == 0 else tuple(draw.randn(case.batch, case.n_heads, case.past, d_k) for _ in range(2))
+    cache = None if case.past == 0 else tuple(draw.randn(case.batch, case.kv_heads, case.past, d_k) for _ in range(2))
     return x, torch.arange(case.past, case.past + case.length), cache
 
 
-def _as_cache(name, cache, expected, where: str, new_tokens: int):
+def _reference_block(case: BlockCase, seed: int) -> ref.DecoderBlock:
+    block = ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff, case.eps, case.n_kv_heads).double()
+    return randomise(block, Inputs(seed + 500))
+
+
+def _as_cache(name, cache, expected, where: str, new_tokens: int, n_heads: int):
     """The learner's cache must be a pair (k, v) of tensors shaped like the reference's (``new_tokens`` of
-    its time axis are the call's own)."""
+    its time axis are the call's own; ``n_heads`` query heads)."""
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
         fail(name, f"{where} should return its cache as a pair (k, v), got {type_name(cache)}",
              "return x, (k, v) with k and v of shape (B, h, T_past + T, d_k).")
@@ -437,28 +484,32 @@ def _as_cache(name, cache, expected, where: str, new_tokens: int):
             fail(name, f"the cache's {what} should be a tensor, got {type_name(got)}")
         if tuple(got.shape) != tuple(want.shape):
             only_new = (*want.shape[:2], new_tokens, *want.shape[3:])
-            problem, hint = CACHE_ONLY_NEW if tuple(got.shape) == only_new != tuple(want.shape) else CACHE_AXIS
+            repeated = (want.shape[0], n_heads, *want.shape[2:])
+            problem, hint = (CACHE_ONLY_NEW if tuple(got.shape) == only_new != tuple(want.shape) else
+                             CACHE_REPEATED if tuple(got.shape) == repeated != tuple(want.shape) else CACHE_AXIS)
             fail(name, f"{problem} (the cache's {what} have shape {tuple(got.shape)}, expected {tuple(want.shape)})", hint)
     return cache
 
 
 def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
-    """Check a learner's ``DecoderBlock(d_model, n_heads, d_ff)``: ``forward(x, positions, cache=None)``
-    returns (x, (k, v)), with and without a cache."""
+    """Check a learner's ``DecoderBlock(d_model, n_heads, d_ff, eps=1e-6, n_kv_heads=None)``: ``forward(x,
+    positions, cache=None)`` returns (x, (k, v)), with and without a cache, with grouped-query heads too. It is
+    built with its norms recorded (``_built``) and run with stand-in norms and RoPE: its own code is graded."""
     name = "DecoderBlock"
     cases = HIDDEN_BLOCK if hidden else VISIBLE_BLOCK
     seed = 6300 if hidden else 630
 
     def check_case(i: int, case: BlockCase, device, dtype) -> None:
-        reference = randomise(ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff, case.eps).double(),
-                              Inputs(seed + i + 500))
+        reference = _reference_block(case, seed + i)
         x64, positions, cache64 = _block_inputs(case, seed + i)
         with torch.no_grad():
             expected, expected_cache = reference(x64, positions, cache64)
-        eps = {} if case.eps == 1e-6 else {"eps": case.eps}
-        learner = construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff, **eps).to(torch.float64)
-        copy_weights(name, learner, reference, BLOCK_HINT)
-        learner = _with_stand_in_norms(learner, reference).to(device=device, dtype=dtype)
+        learner, built = _built(name, DecoderBlock, ("RMSNorm",), case.d_model, case.n_heads, case.d_ff, **case.options)
+        norm = {"d_model": case.d_model, "eps": case.eps}
+        _expect_built(name, built, {"attn_norm": ("RMSNorm", norm), "ffn_norm": ("RMSNorm", norm)}, required=False)
+        learner = _with_stand_in_norms(learner.to(torch.float64), reference)
+        copy_weights(name, learner, reference, BLOCK_HINT, lent=("attn_norm", "ffn_norm"))
+        learner = learner.to(device=device, dtype=dtype)
         x = x64.to(device=device, dtype=dtype)
         cache = None if cache64 is None else tuple(t.to(device=device, dtype=dtype) for t in cache64)
         with torch.no_grad(), default_dtype(dtype):
@@ -468,7 +519,7 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
                  "return x, (k, v): the output and the new cache.")
         out, new_cache = result
         expect_tensor(name, "the output", out, expected.shape, like=x)
-        new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length)
+        new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length, case.n_heads)
         if not close(out, expected):
             made = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
             name_the_mistake(name, "the output" + BLOCK_STAND_IN_NOTE, out, expected, made)
@@ -485,6 +536,38 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
 
     with strict_numerics(), one_thread():
         run_cases(name, cases, check_case, after=on_meta)
+
+
+def _built(name, cls, others: tuple[str, ...], *args, **kwargs):
+    """The learner's ``cls(*args, **kwargs)``, built with the notebook's classes named in ``others`` recorded in
+    place of the learner's (``beside.built_with``): the module, and what its constructor gave each of them."""
+    module = construct(name, lambda *a, **k: make_beside(cls, beside.built_with, cls, others, *a, **k), *args, **kwargs)
+    return module, run_beside(beside.recorded, module)
+
+
+def _expect_built(name, built, expected: dict[str, tuple[str, dict]], required: bool) -> None:
+    """Each submodule in ``expected`` (path: class name, arguments) was built with those arguments, read as the
+    reference class's signature reads them. With ``required`` the submodule must come from that class; without,
+    one built some other way (e.g. PyTorch's own nn.RMSNorm) is not judged here: a stand-in replaces it."""
+    given = {path: (cls, args, kwargs) for path, cls, args, kwargs in built}
+    for path, (cls, want) in expected.items():
+        if path not in given or given[path][0] != cls:
+            if required:
+                fail(name, f"{path} should be built by the notebook's {cls}, found none", MODEL_HINT)
+            continue
+        try:
+            bound = inspect.signature(getattr(ref, cls)).bind(*given[path][1], **given[path][2])
+        except TypeError as error:
+            fail(name, f"{path} is built as {cls} with arguments its signature does not take ({error})", MODEL_HINT)
+        bound.apply_defaults()
+        got = dict(bound.arguments)
+        if "n_kv_heads" in got and got["n_kv_heads"] is None:  # None means as many as the query heads
+            got["n_kv_heads"] = got["n_heads"]
+        wrong = [f"{key}={got[key]!r} (the model's is {value!r})" for key, value in want.items() if got[key] != value]
+        if wrong:
+            passing = " and ".join(key for key in want if key in ("eps", "n_kv_heads"))
+            fail(name, f"{path} is built as {cls} with {', '.join(wrong)}: the arguments {name} was given must "
+                 f"reach every {cls} it builds", f"pass them on, e.g. {cls}(..., {passing or 'eps'}).")
 
 
 def _with_stand_in_norms(block, reference):
@@ -525,7 +608,7 @@ def _call_block(name, block, x, positions, cache):
 
 
 @dataclass(frozen=True)
-class ModelCase:
+class ModelCase(_HeadOptions):
     batch: int
     length: int
     split: int  # the cached run reads idx[:, :split], then the rest one token at a time
@@ -534,15 +617,19 @@ class ModelCase:
     n_heads: int
     n_layers: int
     d_ff: int
-    eps: float = 1e-6  # passed as ``eps=`` when it is not the default (it reaches only the norms: stand-ins here)
+    eps: float = 1e-6
+    n_kv_heads: int | None = None
 
 
-VISIBLE_MODEL = [ModelCase(2, 7, 3, 11, 8, 2, 2, 16), ModelCase(3, 5, 1, 9, 12, 3, 1, 20)]
+VISIBLE_MODEL = [ModelCase(2, 7, 3, 11, 8, 2, 2, 16), ModelCase(3, 5, 1, 9, 12, 3, 1, 20),
+                 ModelCase(2, 6, 2, 10, 16, 4, 2, 20, n_kv_heads=2)]
 HIDDEN_MODEL = [ModelCase(3, 8, 5, 13, 16, 4, 2, 24), ModelCase(2, 6, 2, 10, 8, 1, 3, 12, eps=0.1),
-                ModelCase(4, 4, 1, 7, 12, 2, 1, 16)]
+                ModelCase(4, 4, 1, 7, 12, 2, 1, 16), ModelCase(2, 5, 3, 9, 24, 6, 2, 16, eps=1e-3, n_kv_heads=3),
+                ModelCase(3, 4, 2, 8, 16, 4, 1, 12, n_kv_heads=1)]
 MODEL_HINT = (
     "the notebook names the submodules embed (nn.Embedding(vocab, d_model)), blocks (nn.ModuleList of "
-    "DecoderBlock), norm (RMSNorm(d_model)) and head (nn.Linear(d_model, vocab, bias=False))."
+    "DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads)), norm (RMSNorm(d_model, eps)) and head "
+    "(nn.Linear(d_model, vocab, bias=False))."
 )
 STAND_IN_NOTE = (
     " (this comparison runs your GPT with simple stand-in blocks and PyTorch's nn.RMSNorm in place of "
@@ -595,7 +682,8 @@ GPT_MISTAKES = [
 
 
 def _reference_model(case: ModelCase, seed: int) -> ref.GPT:
-    model = ref.GPT(case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff, case.eps).double()
+    model = ref.GPT(case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff, case.eps, case.n_kv_heads)
+    model = model.double()
     return randomise(model, Inputs(seed + 500)).eval()
 
 
@@ -623,22 +711,23 @@ def check_gpt(GPT, hidden: bool = False) -> None:
     with strict_numerics(), one_thread():
         for i, case in enumerate(cases):
             reference = _reference_model(case, seed + i)
-            eps = {} if case.eps == 1e-6 else {"eps": case.eps}
-            learner64 = construct(name, GPT, case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff,
-                                  **eps).double()
-            copy_weights(name, learner64, reference, MODEL_HINT)
+            learner64, built = _built(name, GPT, ("DecoderBlock", "RMSNorm"), case.vocab, case.d_model,
+                                      case.n_heads, case.n_layers, case.d_ff, **case.options)
+            _expect_model_built(name, built, case)
+            learner64 = learner64.double()
+            copy_weights(name, learner64, reference, MODEL_HINT, lent=LENT_TO_GPT)
             idx64 = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed + i).generator)
             state = _stand_in_state(case, seed + i)
             swapped = copy.deepcopy(reference)
             swapped.blocks, swapped.norm = stand_ins.stand_in_blocks(state), _torch_rms_norm(reference.norm)
             for device, dtype in grid():
                 model = copy.deepcopy(learner64).to(device=device, dtype=dtype)
-                copy_weights(name, model, reference, MODEL_HINT)
+                copy_weights(name, model, reference, MODEL_HINT, lent=LENT_TO_GPT)
                 model = _with_stand_ins(model, swapped).to(device=device, dtype=dtype)
                 with torch.no_grad(), default_dtype(dtype), in_case(case, device, dtype):
                     _check_model_case(name, model, swapped, idx64, case, device, dtype)
                 count += 1
-            copy_weights(name, learner64, reference, MODEL_HINT)
+            copy_weights(name, learner64, reference, MODEL_HINT, lent=LENT_TO_GPT)
             model = _with_stand_ins(copy.deepcopy(learner64), swapped)
             with in_case(case, "cpu", torch.float64):
                 with torch.no_grad():
@@ -649,6 +738,17 @@ def check_gpt(GPT, hidden: bool = False) -> None:
         idx = torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed).generator)
         expect_device_agnostic(name, copy.deepcopy(model).to("meta"), (idx,))
     passed(name, count)
+
+
+LENT_TO_GPT = ("blocks", "norm")  # built as ``beside.Recorded``, then replaced by stand-ins (``_with_stand_ins``)
+
+
+def _expect_model_built(name, built, case: ModelCase) -> None:
+    """The learner's GPT built each block with the model's arguments, and its final norm with d_model and eps."""
+    block = {"d_model": case.d_model, "n_heads": case.n_heads, "d_ff": case.d_ff, "eps": case.eps,
+             "n_kv_heads": case.kv_heads}
+    _expect_built(name, built, {f"blocks.{j}": ("DecoderBlock", block) for j in range(case.n_layers)}, required=True)
+    _expect_built(name, built, {"norm": ("RMSNorm", {"d_model": case.d_model, "eps": case.eps})}, required=False)
 
 
 def _torch_rms_norm(norm: ref.RMSNorm) -> nn.RMSNorm:
@@ -1036,3 +1136,309 @@ def _name_sampling_mistake(name, reference, idx64, case: SampleCase, tokens, nor
             continue
         if isinstance(result, torch.Tensor) and torch.equal(result, tokens):
             fail(name, mistake.problem, mistake.hint)
+
+
+# ------------------------------------------------------------------------------- load_hf_llama, load_meta_llama
+
+
+@dataclass(frozen=True)
+class LoadCase:
+    vocab: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    n_layers: int
+    d_ff: int
+    tied: bool  # the checkpoint holds no head (lm_head.weight, output.weight): the head is the embedding
+    stored: torch.dtype | None = None  # the checkpoint's dtype (bfloat16, as published ones are), None: the model's
+
+
+# d_k of 6 and more (with 4, Meta's reordering is its own inverse); one head and several; grouped-query heads, where
+# d_k / (n_heads / n_kv_heads) is even (so that wk reordered in groups of that size is a mistake of its own).
+VISIBLE_LOAD = [LoadCase(11, 16, 2, 2, 2, 24, tied=False), LoadCase(9, 32, 4, 2, 1, 40, tied=True)]
+HIDDEN_LOAD = [LoadCase(13, 32, 4, 1, 2, 48, tied=False, stored=torch.bfloat16), LoadCase(10, 24, 4, 4, 3, 36, tied=True),
+               LoadCase(7, 16, 1, 1, 2, 20, tied=False), LoadCase(12, 48, 4, 2, 1, 64, tied=True, stored=torch.bfloat16)]
+LOADED_IDX = (2, 7)  # the tokens whose logits judge a load
+HF_NAMES = {"embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head", "attn_norm": "input_layernorm",
+            "ffn_norm": "post_attention_layernorm", "w_q": "self_attn.q_proj", "w_k": "self_attn.k_proj",
+            "w_v": "self_attn.v_proj", "w_o": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+            "w_down": "mlp.down_proj", "blocks": "model.layers"}
+META_NAMES = {"embed": "tok_embeddings", "norm": "norm", "head": "output", "attn_norm": "attention_norm",
+              "ffn_norm": "ffn_norm", "w_q": "attention.wq", "w_k": "attention.wk", "w_v": "attention.wv",
+              "w_o": "attention.wo", "w_gate": "feed_forward.w1", "w_up": "feed_forward.w3",
+              "w_down": "feed_forward.w2", "blocks": "layers"}
+LINEAR_LAYOUT = "nn.Linear stores its weight as (out_features, in_features), and so does the checkpoint"
+TRANSPOSED = (
+    f"the weights are transposed (w.T): {LINEAR_LAYOUT}",
+    "copy each weight as it is, with no .T (GPT-2's checkpoints, whose Conv1D layers store (in, out), are the "
+    "ones that need it).",
+)
+HEAD_NOT_TIED = (
+    "the head is not tied to the embedding when the checkpoint has none: a model with tie_word_embeddings saves no "
+    "head of its own, its head is the embedding",
+    "when the checkpoint has no head, copy the embedding into model.head.weight (or tie the two).",
+)
+HEAD_FROM_THE_EMBEDDING = (
+    "the head is taken from the embedding although the checkpoint has one of its own: only a tied checkpoint, "
+    "which has no head, uses the embedding as its head",
+    "copy the checkpoint's head when it has one, and the embedding only when it has none.",
+)
+KV_HEADS = (
+    "w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's n_heads when the model groups its query heads; "
+    "a head count taken from the queries does not fit the keys",
+    "take each weight's head count from its own rows, w.size(0) // d_k (d_k = block.d_k): reorder wq and wk head "
+    "by head, each with the same d_k.",
+)
+LOAD_INTO = ("copy into the parameters the model has, under torch.no_grad(): model.embed.weight.copy_(w), or "
+             "model.load_state_dict(...) with your names; either keeps the model's dtype and device.")
+LOAD_HINT = "return the model you were given, loaded in place: return model."
+
+
+def _gpt_key(layout: dict, key: str) -> str:
+    """A GPT parameter's name (``blocks.0.w_q.weight``) in a checkpoint's layout (``model.layers.0.self_attn...``)."""
+    parts = key.split(".")
+    if parts[0] == "blocks":
+        return f"{layout['blocks']}.{parts[1]}.{layout[parts[2]]}.weight"
+    return f"{layout[parts[0]]}.weight"
+
+
+def _reference_gpt(case: LoadCase) -> ref.GPT:
+    return ref.GPT(case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff, n_kv_heads=case.n_kv_heads).double()
+
+
+def _load_state(case: LoadCase, seed: int) -> dict:
+    """Random weights in a GPT's names, float64 on the CPU (the norms' around 1, so a misplaced one shows)."""
+    return randomise(_reference_gpt(case), Inputs(seed)).state_dict()
+
+
+def _checkpoint(layout: dict, case: LoadCase, weights: dict, dtype: torch.dtype) -> dict:
+    """``weights`` under the layout's names, in ``dtype`` (the case's ``stored`` one when it has one), on the
+    CPU; without a head when the case is tied."""
+    return {_gpt_key(layout, key): value.to(case.stored or dtype) for key, value in weights.items()
+            if not (case.tied and key == "head.weight")}
+
+
+def _loading(loader):
+    """What ``loader`` (the reference's, or a mistake's) makes of a checkpoint: the logits of a float64
+    reference GPT that held ``before`` and was loaded by it, for the token ids ``idx``."""
+
+    def logits(before: dict, checkpoint: dict, idx: torch.Tensor, case: LoadCase) -> torch.Tensor:
+        model = _reference_gpt(case)
+        model.load_state_dict(before)
+        loader(model, checkpoint)
+        with torch.no_grad():
+            return model(idx)[0]
+
+    return logits
+
+
+def _square_transposed(w: torch.Tensor) -> torch.Tensor:
+    """w.T where that keeps w's shape (a (d_model, d_model) projection); elsewhere .copy_(w.T) raises."""
+    return w.T if w.dim() == 2 and w.size(0) == w.size(1) else w
+
+
+def _both_loaders_mistakes(loader, transposed: tuple[str, str], head: str) -> list[Mistake]:
+    """The mistakes either loader can make: its weights transposed (``transposed``: the line that copies a block's
+    weight, and that line transposing it), and the head left as it was or taken from the embedding (``head``: the
+    line that copies the head, which falls back on the embedding)."""
+    return [
+        Mistake(*TRANSPOSED, _loading(edited(loader, transposed, transposed=_square_transposed))),
+        Mistake(HEAD_NOT_TIED[0] + ", and yours kept the weights it had", HEAD_NOT_TIED[1],
+                _loading(edited(loader, (head, head.replace(", embedding", ", model.head.weight"))))),
+        Mistake(*HEAD_FROM_THE_EMBEDDING, _loading(edited(loader, (head, "model.head.weight.copy_(embedding)")))),
+    ]
+
+
+HF_COPY = 'getattr(block, ours).weight.copy_(state_dict[f"model.layers.{i}.{theirs}.weight"])'
+HF_MISTAKES = [
+    *_both_loaders_mistakes(ref.load_hf_llama, (HF_COPY, HF_COPY.replace("copy_(", "copy_(transposed(") + ")"),
+                            'model.head.weight.copy_(state_dict.get("lm_head.weight", embedding))'),
+    Mistake(
+        "Hugging Face's q_proj and k_proj were reordered as Meta's are: Hugging Face's converter has already "
+        "reordered them to the half-split pairs its rotate_half (and the course's RoPE) rotates, so they copy as "
+        "they are",
+        "copy every weight of a Hugging Face checkpoint as it is; only Meta's layout needs the reordering.",
+        _loading(edited(ref.load_hf_llama, (HF_COPY, 'w = state_dict[f"model.layers.{i}.{theirs}.weight"]\n'
+                                            '            getattr(block, ours).weight.copy_(interleaved_to_half_split(w, '
+                                            'block.d_k) if ours in ("w_q", "w_k") else w)'))),
+    ),
+    Mistake(
+        "the two norms are swapped: input_layernorm normalises the attention's input (attn_norm), and "
+        "post_attention_layernorm, which comes after the attention sublayer, the FFN's input (ffn_norm); both "
+        "are Pre-Norms",
+        "attn_norm <- input_layernorm, ffn_norm <- post_attention_layernorm.",
+        _loading(edited(ref.load_hf_llama, ('"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"',
+                                            '"attn_norm": "post_attention_layernorm", "ffn_norm": "input_layernorm"'))),
+    ),
+]
+
+
+def _reordered(*changes: tuple[str, str]):
+    """The reference's interleaved_to_half_split with ``changes`` made to its source (``edited``)."""
+    return edited(ref.interleaved_to_half_split, *changes)
+
+
+META_ROTATED = 'if ours in ("w_q", "w_k"):'
+PAIRS = ("Meta's code rotates neighbouring features (2i, 2i + 1) of each head, the course's RoPE (i, i + d_k/2): "
+         "within each head, row 2i of wq and wk must move to i, and row 2i + 1 to i + d_k/2")
+META_MISTAKES = [
+    Mistake(
+        f"wq and wk are copied without reordering their rows: {PAIRS}",
+        "reorder the rows of wq and wk with interleaved_to_half_split(w, block.d_k) before copying them.",
+        _loading(edited(ref.load_meta_llama, (META_ROTATED, "if False:"))),
+    ),
+    Mistake(
+        "the rows of wv are reordered too: only what RoPE rotates, the queries and the keys, must be; the values "
+        "are never rotated, and their features must stay where wo reads them",
+        "reorder wq and wk only; copy wv and wo as they are.",
+        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v"):'))),
+    ),
+    Mistake(
+        "the rows of wv and wo are reordered too: only what RoPE rotates, the queries and the keys, must be; wo's "
+        "rows are the model's own features, and wv's are what wo reads",
+        "reorder wq and wk only; copy wv and wo as they are.",
+        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v", "w_o"):'))),
+    ),
+    Mistake(
+        "only wq's rows are reordered: the keys are rotated too, and must be reordered the same way, or the scores "
+        "pair a query's features with other features of the key",
+        "reorder wk's rows as well (it has n_kv_heads heads of d_k rows).",
+        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q",):'))),
+    ),
+    Mistake(
+        "the rows are reordered the wrong way round, from half-split to interleaved: row i must receive row 2i "
+        "(and row i + d_k/2 row 2i + 1), not row 2i receive row i",
+        "in each head, take the even rows first, then the odd ones: w[rows] with rows = [0, 2, 4, ..., 1, 3, 5, "
+        "...] (head by head).",
+        _loading(edited(ref.load_meta_llama, interleaved_to_half_split=_reordered(
+            ("order = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])",
+             "order = torch.stack([torch.arange(d_k // 2), torch.arange(d_k // 2, d_k)], dim=1).flatten()")))),
+    ),
+    Mistake(
+        "the rows are reordered across all the heads at once: the even rows of the whole matrix, then the odd "
+        "ones; each head's d_k rows must be reordered on their own",
+        "reorder within each head: rows head·d_k + [0, 2, ..., d_k - 2, 1, 3, ..., d_k - 1] for every head.",
+        _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
+                                              "interleaved_to_half_split(w, w.size(0))"))),
+    ),
+    Mistake(
+        f"wk's rows are reordered as if it had as many heads as wq: {KV_HEADS[0]}", KV_HEADS[1],
+        _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
+                                              "interleaved_to_half_split(w, w.size(0) // block.n_heads)"))),
+    ),
+    Mistake(
+        "the FFN's w1 and w3 are swapped: in Meta's code w1 is the gate (silu(w1(x)) * w3(x)), w3 the up "
+        "projection and w2 the down projection",
+        "w_gate <- feed_forward.w1, w_up <- feed_forward.w3, w_down <- feed_forward.w2.",
+        _loading(edited(ref.load_meta_llama, ('"w_gate": "feed_forward.w1", "w_up": "feed_forward.w3"',
+                                              '"w_gate": "feed_forward.w3", "w_up": "feed_forward.w1"'))),
+    ),
+    *_both_loaders_mistakes(ref.load_meta_llama, ("weight.copy_(w)", "weight.copy_(transposed(w))"),
+                            'model.head.weight.copy_(checkpoint.get("output.weight", embedding))'),
+]
+
+
+def check_load_hf_llama(load_hf_llama, hidden: bool = False) -> None:
+    """Check a learner's ``load_hf_llama(model, state_dict)``: a Hugging Face LlamaForCausalLM state dict (random
+    weights, tied and untied heads, grouped-query heads) loaded into a stand-in with a GPT's parameters, judged
+    by the logits of a reference GPT holding what it loaded."""
+    _check_loader("load_hf_llama", load_hf_llama, HF_NAMES, ref.load_hf_llama, HF_MISTAKES, hidden, 670)
+
+
+def check_load_meta_llama(load_meta_llama, hidden: bool = False) -> None:
+    """Check a learner's ``load_meta_llama(model, checkpoint)``: a checkpoint in Meta's layout, whose wq and wk
+    pair RoPE's features as neighbours, loaded as ``check_load_hf_llama`` loads Hugging Face's."""
+    _check_loader("load_meta_llama", load_meta_llama, META_NAMES, ref.load_meta_llama, META_MISTAKES, hidden, 680)
+
+
+def _check_loader(name, loader, layout: dict, reference, mistakes: list, hidden: bool, seed: int) -> None:
+    """The learner's ``loader`` is given a ``stand_ins.LoadTarget`` (a GPT's parameters, random, and each block's
+    head counts; not the learner's GPT, so a mistake there costs only its own exercise) and a checkpoint, both
+    made where the learner's code runs. The weights it then holds are read back and judged here, by the logits
+    of a reference GPT holding them, against those of the reference loader."""
+    cases = HIDDEN_LOAD if hidden else VISIBLE_LOAD
+    seed = seed * 10 if hidden else seed
+
+    def check_case(i: int, case: LoadCase, device, dtype) -> None:
+        before = {k: v.to(dtype) for k, v in _load_state(case, seed + i).items()}  # what the model holds first
+        checkpoint = _checkpoint(layout, case, _load_state(case, seed + i + 300), dtype)
+        target = make_beside(loader, stand_ins.load_target, {k: v.to(device) for k, v in before.items()}, case.n_heads)
+        run = _call_loader(name, loader, target, {k: v.clone() for k, v in checkpoint.items()}, case, layout)
+        if not isinstance(run, dict) or run.get("changed") is not False:  # the kernel's word: a note when graded
+            kernel_reported(name, loader, "changed the checkpoint it was given (its tensors, or its keys): the "
+                            "checkpoint is the caller's, and loading it twice must give the same model",
+                            "make new tensors (w[rows], .clone()) instead of changing the checkpoint's in place, "
+                            "and leave its keys as they are.")
+        if not isinstance(run, dict) or run.get("model") is not True:
+            kernel_reported(name, loader, f"returns {str(run.get('returned') if isinstance(run, dict) else None)[:40]}, "
+                            "not the model it was given", LOAD_HINT)
+        state = _loaded_state(name, run_beside(beside.state_of, target), before, device)
+        idx = torch.randint(case.vocab, LOADED_IDX, generator=Inputs(seed + i + 600).generator)
+        before64 = {k: v.double() for k, v in before.items()}
+        logits = _loading(lambda model, _: model.load_state_dict(state))(before64, checkpoint, idx, case)
+        expected = _loading(reference)(before64, checkpoint, idx, case)
+        if not close(logits, expected, precision=dtype):
+            made = list(candidates(mistakes, before64, checkpoint, idx, case))
+            loaded = _reference_gpt(case)
+            loaded.load_state_dict(before64)
+            reference(loaded, checkpoint)
+            differing = [key for key, value in loaded.state_dict().items() if not close(state[key], value)]
+            if not any(isinstance(r, torch.Tensor) and r.shape == logits.shape and close(logits, r) for _, r in made):
+                _name_a_parameter(name, state, loaded.state_dict(), before64, differing)
+            where = f" (the first parameter that differs from the reference's: {differing[0]})" if differing else ""
+            name_the_mistake(name, f"the logits of a GPT holding the weights your function loaded{where}", logits,
+                             expected, made)
+
+    with strict_numerics(), one_thread():
+        run_cases(name, cases, check_case)
+
+
+def _call_loader(name, loader, target, checkpoint: dict, case: LoadCase, layout: dict) -> dict:
+    """``loader(target, checkpoint)``, run where the learner's code runs (``beside.loaded``); an error that a
+    known mistake explains is named."""
+    try:
+        return learner_step(name, lambda: run_beside(beside.loaded, loader, target, checkpoint), (target, checkpoint))
+    except AssertionError as error:
+        message = str(error)
+        if "raised" not in message:
+            raise
+        if case.tied and "KeyError" in message and f"{layout['head']}.weight" in message:
+            problem, hint = HEAD_NOT_TIED
+        elif "must match the size of tensor" in message or "size mismatch for" in message:
+            problem, hint = f"A shape does not fit. If your code transposes weights (w.T), it should not: {LINEAR_LAYOUT}.", \
+                TRANSPOSED[1]
+        elif case.n_kv_heads < case.n_heads and any(word in message for word in ("size", "shape")):
+            problem, hint = f"This case groups its query heads (n_heads={case.n_heads}, n_kv_heads={case.n_kv_heads}): " \
+                f"{KV_HEADS[0]}", KV_HEADS[1]
+        else:
+            raise
+        fail(name, f"{message.removeprefix(name + ': ')}\n{problem}", hint, frames=getattr(error, "learner_frames", None))
+
+
+def _name_a_parameter(name, state: dict, expected: dict, before: dict, differing: list[str]) -> None:
+    """Fail naming a parameter whose weights show what went wrong: left as it was, or transposed."""
+    for key in differing:
+        if close(state[key], before[key]) and not close(expected[key], before[key]):
+            fail(name, f"{key} was not loaded: it still holds the weights the model had before", LOAD_INTO)
+        if state[key].dim() == 2 and state[key].shape == expected[key].mT.shape and close(state[key], expected[key].mT):
+            fail(name, f"{key} holds the transpose of the weight it should: {TRANSPOSED[0]}", TRANSPOSED[1])
+
+
+def _loaded_state(name, state, before: dict, device) -> dict:
+    """The weights the model holds after loading: every parameter it had, with its shape, dtype and device."""
+    if not isinstance(state, dict):
+        fail(name, "the model's weights could not be read back", LOAD_INTO)
+    for key, old in before.items():
+        got = state.get(key)
+        if not isinstance(got, torch.Tensor):
+            fail(name, f"the model no longer has the parameter {key}: load the weights into the modules it has, "
+                 "without replacing or removing them", LOAD_INTO)
+        if tuple(got.shape) != tuple(old.shape):
+            problem, hint = (TRANSPOSED if tuple(got.shape) == tuple(old.shape)[::-1] else
+                             ("the model's parameters must keep their shapes", LOAD_INTO))
+            fail(name, f"parameter {key} now has shape {tuple(got.shape)}, expected {tuple(old.shape)}: {problem}", hint)
+        if got.dtype != old.dtype or got.device.type != torch.device(device).type:
+            fail(name, f"parameter {key} is now {got.dtype} on {got.device.type}, where the model was {old.dtype} on "
+                 f"{torch.device(device).type}: the parameters were replaced by the checkpoint's tensors (or the "
+                 "model converted) instead of being loaded", LOAD_INTO)
+    return {key: state[key].detach().to("cpu", torch.float64) for key in before}

@@ -235,3 +235,36 @@ def stand_in_lm(state: dict) -> StandInLM:
 def seeded_generator(device: str, seed: int) -> torch.Generator:
     """The generator a check hands to ``generate``, made where the learner's code runs."""
     return torch.Generator(device=device).manual_seed(seed)
+
+
+# ------------------------------------------------------------------ chapter 6: what a checkpoint is loaded into
+
+
+class LoadTarget(nn.Module):
+    """What ``load_hf_llama`` and ``load_meta_llama`` are given: a GPT's parameters under a GPT's names, and
+    each block's head counts (``n_heads``, ``n_kv_heads``, ``d_k``). It computes nothing (no forward): the check
+    reads back the weights the learner's code put into it, and computes the logits itself."""
+
+
+def load_target(state: dict, n_heads: int) -> LoadTarget:
+    """A ``LoadTarget`` holding ``state`` (a GPT's: "embed.weight", "blocks.0.w_q.weight", ..., "head.weight"),
+    in its dtype and on its device: nn.Embedding, bias-free nn.Linear and nn.RMSNorm, as their shapes say."""
+    vocab, d_model = state["embed.weight"].shape
+    target = LoadTarget()
+    target.embed = nn.Embedding(vocab, d_model)
+    target.blocks = nn.ModuleList()
+    for key, weight in state.items():
+        parts = key.split(".")
+        if parts[0] != "blocks":
+            continue
+        while len(target.blocks) <= int(parts[1]):
+            target.blocks.append(nn.Module())
+        part = nn.RMSNorm(weight.shape[0]) if weight.dim() == 1 else nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        setattr(target.blocks[int(parts[1])], parts[2], part)
+    target.norm, target.head = nn.RMSNorm(d_model), nn.Linear(d_model, vocab, bias=False)
+    for block in target.blocks:
+        block.n_heads, block.d_k = n_heads, d_model // n_heads
+        block.n_kv_heads = block.w_k.out_features // block.d_k
+    target.to(device=state["embed.weight"].device, dtype=state["embed.weight"].dtype)
+    target.load_state_dict(state)
+    return target.eval()

@@ -14,7 +14,8 @@ CHAPTER_MODULES = {
     "ffn_layernorm_residual": ["PositionwiseFeedForward", "ffn_as_conv1d", "LayerNorm", "SublayerConnection"],
     "transformer": ["positional_encoding", "EncoderLayer", "DecoderLayer", "Transformer", "teacher_forcing_loss",
                     "greedy_decode"],
-    "decoder_only": ["RMSNorm", "apply_rotary", "DecoderBlock", "GPT", "lm_loss", "generate"],
+    "decoder_only": ["RMSNorm", "apply_rotary", "DecoderBlock", "GPT", "lm_loss", "generate", "load_hf_llama",
+                     "load_meta_llama"],
     "attention_at_scale": ["online_softmax", "tiled_attention"],
 }
 __all__, __getattr__ = exports(__name__, CHAPTER_MODULES)

@@ -9,8 +9,12 @@ embeddings; positions enter only by rotating the queries and keys (RoPE, Su et a
 linear layer is bias-free, as in LLaMA (Touvron et al., 2023).
 
 Shapes, batch first: token ids ``idx`` (B, T), states (B, T, d_model), per-head tensors (B, h, T, d_k).
-Masks are boolean, ``True`` = may attend. A block's cache is a tuple ``(k, v)``, each (B, h, T_past, d_k),
+Masks are boolean, ``True`` = may attend. A block's cache is a tuple ``(k, v)``, each (B, h_kv, T_past, d_k),
 the keys already rotated; a model's cache is a list with one such tuple per block.
+
+Grouped-query attention (Ainslie et al., 2023): h query heads share h_kv = ``n_kv_heads`` key and value heads
+(h_kv divides h), each KV head serving h / h_kv consecutive query heads. h_kv = h is multi-head attention,
+h_kv = 1 multi-query attention (Shazeer, 2019). Only the h_kv heads are cached, so the cache shrinks by h / h_kv.
 
 RoPE convention: the half-split pairing of GPT-NeoX and Hugging Face's ``rotate_half``: feature i is paired
 with feature i + d_k/2 (not with its neighbour 2i + 1, as in the RoPE paper and Meta's LLaMA code).
@@ -66,36 +70,46 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0
 
 
 class DecoderBlock(nn.Module):
-    """Pre-RMSNorm causal self-attention with RoPE and a KV cache, then a Pre-RMSNorm gated FFN.
+    """Pre-RMSNorm causal self-attention with RoPE, grouped-query heads and a KV cache, then a Pre-RMSNorm
+    gated FFN.
 
-    Submodules: ``attn_norm`` and ``ffn_norm`` (RMSNorm), ``w_q, w_k, w_v, w_o`` (nn.Linear(d_model,
-    d_model, bias=False)), ``w_gate`` and ``w_up`` (nn.Linear(d_model, d_ff, bias=False)), ``w_down``
-    (nn.Linear(d_ff, d_model, bias=False)).
+    Submodules: ``attn_norm`` and ``ffn_norm`` (RMSNorm), ``w_q`` and ``w_o`` (nn.Linear(d_model, d_model,
+    bias=False)), ``w_k`` and ``w_v`` (nn.Linear(d_model, n_kv_heads · d_k, bias=False)), ``w_gate`` and
+    ``w_up`` (nn.Linear(d_model, d_ff, bias=False)), ``w_down`` (nn.Linear(d_ff, d_model, bias=False)).
+    ``n_kv_heads`` (default ``n_heads``) must divide ``n_heads``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, eps: float = 1e-6, n_kv_heads: int | None = None):
         super().__init__()
         self.n_heads, self.d_k = n_heads, d_model // n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         self.attn_norm, self.ffn_norm = RMSNorm(d_model, eps), RMSNorm(d_model, eps)
-        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.w_q, self.w_o = nn.Linear(d_model, d_model, bias=False), nn.Linear(d_model, d_model, bias=False)
+        self.w_k, self.w_v = (nn.Linear(d_model, self.n_kv_heads * self.d_k, bias=False) for _ in range(2))
         self.w_gate, self.w_up = nn.Linear(d_model, d_ff, bias=False), nn.Linear(d_model, d_ff, bias=False)
         self.w_down = nn.Linear(d_ff, d_model, bias=False)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None):
         """x: (B, T, d_model), the states of T new tokens at ``positions`` (T,); cache: None or (k, v), each
-        (B, h, T_past, d_k), of the tokens before them. Returns (B, T, d_model) and the new cache (k, v),
-        each (B, h, T_past + T, d_k)."""
+        (B, h_kv, T_past, d_k), of the tokens before them. Returns (B, T, d_model) and the new cache (k, v),
+        each (B, h_kv, T_past + T, d_k)."""
         B, T, _ = x.shape
         h = self.attn_norm(x)
-        q, k, v = (w(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
-        q, k = apply_rotary(q, positions), apply_rotary(k, positions)  # (B, h, T, d_k); v is not rotated
+        q = self.w_q(h).view(B, T, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, T, d_k)
+        k = self.w_k(h).view(B, T, self.n_kv_heads, self.d_k).transpose(1, 2)  # (B, h_kv, T, d_k)
+        v = self.w_v(h).view(B, T, self.n_kv_heads, self.d_k).transpose(1, 2)  # (B, h_kv, T, d_k)
+        q, k = apply_rotary(q, positions), apply_rotary(k, positions)  # v is not rotated
         if cache is not None:
-            k = torch.cat([cache[0], k], dim=2)  # (B, h, T_past + T, d_k): the cache grows along time
+            k = torch.cat([cache[0], k], dim=2)  # (B, h_kv, T_past + T, d_k): the cache grows along time
             v = torch.cat([cache[1], v], dim=2)
         # The new tokens are the last T of the T_past + T: each sees itself and every token before it.
         past = k.size(2) - T
         mask = torch.arange(k.size(2), device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]
-        attended, _ = scaled_dot_product_attention(q, k, v, mask)  # (B, h, T, d_k); mask (T, T_past + T)
+        # Query head j reads KV head j // group: each KV head is repeated for its group of consecutive query heads,
+        # for the product only (the cache keeps h_kv heads).
+        group = self.n_heads // self.n_kv_heads
+        shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_past + T, d_k)
+        attended, _ = scaled_dot_product_attention(q, shared_k, shared_v, mask)  # (B, h, T, d_k); mask (T, T_past + T)
         x = x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
         h = self.ffn_norm(x)
         return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)), (k, v)
@@ -108,10 +122,11 @@ class GPT(nn.Module):
     ``head`` (nn.Linear(d_model, vocab, bias=False)).
     """
 
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6):
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, d_ff: int, eps: float = 1e-6,
+                 n_kv_heads: int | None = None):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads) for _ in range(n_layers))
         self.norm = RMSNorm(d_model, eps)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
@@ -119,7 +134,7 @@ class GPT(nn.Module):
         """idx: (B, T) token ids, the continuation of the cached tokens when ``cache`` is given.
 
         Returns the logits (B, T, vocab), those at position t scoring the token after idx[:, t], and the
-        new cache: a list with one (k, v) per block, each (B, h, T_past + T, d_k).
+        new cache: a list with one (k, v) per block, each (B, h_kv, T_past + T, d_k).
         """
         past = 0 if cache is None else cache[0][0].size(2)
         positions = torch.arange(past, past + idx.size(1), device=idx.device)  # (T,): after the cached tokens
@@ -176,3 +191,78 @@ def generate(model: nn.Module, idx: torch.Tensor, max_new_tokens: int, temperatu
             probs = probs / probs.sum(dim=-1, keepdim=True)
         out = torch.cat([out, torch.multinomial(probs, 1, generator=generator)], dim=1)  # (B, t + 1)
     return out
+
+
+# ------------------------------------------------------------------------------- loading a real checkpoint
+# Both loaders copy into the parameters the model already has (``copy_``, under no_grad): the model keeps its
+# dtype and device whatever the checkpoint's (published ones are stored in bfloat16), and shares no memory
+# with the checkpoint. nn.Linear stores its weight as (out_features, in_features), and so do both layouts:
+# nothing is transposed (GPT-2's checkpoints, whose Conv1D stores (in, out), are the ones that need it).
+# Head counts come from the model: ``d_k`` of each block, and the rows of a weight (heads · d_k), so that a
+# block whose w_k and w_v have fewer heads than w_q (grouped-query attention) loads the same way.
+
+
+@torch.no_grad()
+def load_hf_llama(model: nn.Module, state_dict: dict) -> nn.Module:
+    """Copy a Hugging Face ``LlamaForCausalLM`` state dict into ``model``, a GPT, in place; returns ``model``.
+
+    The keys: ``model.embed_tokens.weight``; per layer i, ``model.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+    ``model.layers.{i}.mlp.{gate,up,down}_proj.weight``, ``model.layers.{i}.input_layernorm.weight`` (the
+    attention's norm) and ``model.layers.{i}.post_attention_layernorm.weight`` (the FFN's: it comes after the
+    attention sublayer, and is a Pre-Norm all the same); ``model.norm.weight``; ``lm_head.weight``, absent when
+    the model ties its head to the embedding (``tie_word_embeddings``): then the head is the embedding. Hugging
+    Face's Llama rotates the half-split pairs, as the course does, so every weight copies across as it is.
+    """
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "w_q": "self_attn.q_proj", "w_k": "self_attn.k_proj", "w_v": "self_attn.v_proj",
+             "w_o": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+    embedding = state_dict["model.embed_tokens.weight"]  # (vocab, d_model)
+    model.embed.weight.copy_(embedding)
+    for i, block in enumerate(model.blocks):
+        for ours, theirs in names.items():
+            getattr(block, ours).weight.copy_(state_dict[f"model.layers.{i}.{theirs}.weight"])
+    model.norm.weight.copy_(state_dict["model.norm.weight"])
+    model.head.weight.copy_(state_dict.get("lm_head.weight", embedding))  # tied: no lm_head, the embedding
+    return model
+
+
+def interleaved_to_half_split(w: torch.Tensor, d_k: int) -> torch.Tensor:
+    """The rows of a query or key projection w (heads · d_k, d_model), reordered from Meta's RoPE pairs to the
+    course's.
+
+    Meta's LLaMA rotates neighbouring features (2i, 2i + 1) of each head; the course, like GPT-NeoX and Hugging
+    Face, rotates (i, i + d_k/2). Within each head's d_k rows, row 2i moves to i and row 2i + 1 to i + d_k/2:
+    both features of pair i then sit where the course's RoPE pairs them, and turn by the same angle. Queries
+    and keys are reordered alike, so their dot products, the scores, are unchanged.
+    """
+    order = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])  # (d_k,): the evens, then the odds
+    rows = (torch.arange(w.size(0) // d_k)[:, None] * d_k + order).flatten()  # (heads · d_k,): head by head
+    return w[rows.to(w.device)]
+
+
+@torch.no_grad()
+def load_meta_llama(model: nn.Module, checkpoint: dict) -> nn.Module:
+    """Copy a checkpoint in Meta's LLaMA layout (``consolidated.00.pth``) into ``model``, a GPT, in place;
+    returns ``model``.
+
+    The keys: ``tok_embeddings.weight``; per layer i, ``layers.{i}.attention.w{q,k,v,o}.weight``,
+    ``layers.{i}.feed_forward.w1.weight`` (the gate), ``w3`` (up) and ``w2`` (down),
+    ``layers.{i}.attention_norm.weight`` and ``layers.{i}.ffn_norm.weight``; ``norm.weight``;
+    ``output.weight`` (the head; without it, the head is the embedding). Meta's code rotates neighbouring
+    features, so the rows of wq and wk are reordered to the course's half-split pairs, each head on its own
+    (``interleaved_to_half_split``); wv and wo hold no rotated features, and copy as they are.
+    """
+    names = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "w_q": "attention.wq", "w_k": "attention.wk",
+             "w_v": "attention.wv", "w_o": "attention.wo", "w_gate": "feed_forward.w1", "w_up": "feed_forward.w3",
+             "w_down": "feed_forward.w2"}
+    embedding = checkpoint["tok_embeddings.weight"]  # (vocab, d_model)
+    model.embed.weight.copy_(embedding)
+    for i, block in enumerate(model.blocks):
+        for ours, theirs in names.items():
+            w = checkpoint[f"layers.{i}.{theirs}.weight"]
+            if ours in ("w_q", "w_k"):  # only what RoPE rotates; w_k has n_kv_heads heads of d_k rows
+                w = interleaved_to_half_split(w, block.d_k)
+            getattr(block, ours).weight.copy_(w)
+    model.norm.weight.copy_(checkpoint["norm.weight"])
+    model.head.weight.copy_(checkpoint.get("output.weight", embedding))
+    return model

@@ -103,3 +103,42 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             p = p / p.sum(-1, keepdim=True)
         seq = torch.cat([seq, torch.multinomial(p, 1, generator=generator)], 1)
     return seq
+
+
+@torch.no_grad()
+def load_hf_llama(model, state_dict):
+    """Copy a Hugging Face LlamaForCausalLM state dict into the GPT `model`, in place; returns model."""
+    ren = [("model.layers.", "blocks."), ("model.embed_tokens", "embed"), ("model.norm", "norm"), ("lm_head", "head"),
+           ("input_layernorm", "attn_norm"), ("post_attention_layernorm", "ffn_norm"), ("mlp.gate_proj", "w_gate"),
+           ("mlp.up_proj", "w_up"), ("mlp.down_proj", "w_down")] + [(f"self_attn.{c}_proj", f"w_{c}") for c in "qkvo"]
+    new = {}
+    for k, v in state_dict.items():
+        for a, b in ren:
+            k = k.replace(a, b)
+        new[k] = v
+    new.setdefault("head.weight", new["embed.weight"])  # tie_word_embeddings
+    model.load_state_dict(new)
+    return model
+
+
+def interleaved_to_half_split(w, d_k):
+    """(heads * d_k, d_model) -> the same rows, each head's (2i, 2i + 1) moved to (i, i + d_k/2)."""
+    return w.unflatten(0, (-1, d_k // 2, 2)).transpose(1, 2).flatten(0, 2)  # (h, pair, 2) -> (h, 2, pair)
+
+
+@torch.no_grad()
+def load_meta_llama(model, checkpoint):
+    """Copy a checkpoint in Meta's layout into the GPT `model`, in place; returns model."""
+    ren = [("layers.", "blocks."), ("tok_embeddings", "embed"), ("output", "head"), ("attention_norm", "attn_norm"),
+           ("feed_forward.w1", "w_gate"), ("feed_forward.w3", "w_up"), ("feed_forward.w2", "w_down")] + \
+        [(f"attention.w{c}", f"w_{c}") for c in "qkvo"]
+    new = {}
+    for k, v in checkpoint.items():
+        for a, b in ren:
+            k = k.replace(a, b)
+        if k.endswith(("w_q.weight", "w_k.weight")):
+            v = interleaved_to_half_split(v, model.blocks[int(k.split(".")[1])].d_k)
+        new[k] = v
+    new.setdefault("head.weight", new["embed.weight"])
+    model.load_state_dict(new)
+    return model

@@ -142,3 +142,49 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
             pick = torch.multinomial(p, 1, generator=generator)
         tokens = torch.cat((tokens, pick), dim=1)
     return tokens
+
+
+@torch.no_grad()
+def load_hf_llama(model, state_dict):
+    """Copy a Hugging Face LlamaForCausalLM state dict into the GPT `model`, in place; returns model."""
+    def source(name):  # our parameter name -> theirs
+        if name == "head.weight" and "lm_head.weight" not in state_dict:
+            return "model.embed_tokens.weight"  # a tied head is the embedding
+        top = {"embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
+        inner = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "w_gate": "mlp.gate_proj",
+                 "w_up": "mlp.up_proj", "w_down": "mlp.down_proj", "w_q": "self_attn.q_proj", "w_k": "self_attn.k_proj",
+                 "w_v": "self_attn.v_proj", "w_o": "self_attn.o_proj"}
+        parts = name.split(".")
+        return f"{top[parts[0]]}.weight" if len(parts) == 2 else f"model.layers.{parts[1]}.{inner[parts[2]]}.weight"
+
+    for name, param in model.named_parameters(remove_duplicate=False):
+        param.copy_(torch.einsum("...->...", state_dict[source(name)]))
+    return model
+
+
+def interleaved_to_half_split(w, d_k):
+    """(heads * d_k, d_model) -> the same rows, each head's (2i, 2i + 1) moved to (i, i + d_k/2)."""
+    target = torch.arange(d_k)
+    target = torch.where(target % 2 == 0, target // 2, target // 2 + d_k // 2)  # where old row r of a head goes
+    perm = torch.zeros(d_k, d_k, dtype=w.dtype, device=w.device)
+    perm[target.to(w.device), torch.arange(d_k, device=w.device)] = 1  # perm[new, old]
+    return torch.einsum("no,hod->hnd", perm, w.reshape(-1, d_k, w.size(-1))).reshape(w.shape)
+
+
+@torch.no_grad()
+def load_meta_llama(model, checkpoint):
+    """Copy a checkpoint in Meta's layout into the GPT `model`, in place; returns model."""
+    inner = {"attn_norm": "attention_norm", "ffn_norm": "ffn_norm", "w_gate": "feed_forward.w1",
+             "w_up": "feed_forward.w3", "w_down": "feed_forward.w2", "w_q": "attention.wq", "w_k": "attention.wk",
+             "w_v": "attention.wv", "w_o": "attention.wo"}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        parts = name.split(".")
+        if parts[0] == "blocks":
+            w = checkpoint[f"layers.{parts[1]}.{inner[parts[2]]}.weight"]
+            if parts[2] in ("w_q", "w_k"):
+                w = interleaved_to_half_split(w, model.blocks[int(parts[1])].d_k)
+        else:
+            key = {"embed": "tok_embeddings", "norm": "norm", "head": "output"}[parts[0]] + ".weight"
+            w = checkpoint.get(key, checkpoint["tok_embeddings.weight"])
+        param.copy_(w)
+    return model

@@ -183,3 +183,57 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         probs = torch.stack(rows)  # (B, V), in vocabulary order
         sequence = torch.cat([sequence, torch.multinomial(probs, 1, generator=generator)], dim=1)
     return sequence
+
+
+@torch.no_grad()
+def load_hf_llama(model, state_dict):
+    """Copy a Hugging Face LlamaForCausalLM state dict into the GPT `model`, in place; returns model."""
+    model.embed.weight.copy_(state_dict["model.embed_tokens.weight"])
+    for layer in range(len(model.blocks)):
+        block, prefix = model.blocks[layer], "model.layers." + str(layer) + "."
+        block.attn_norm.weight.copy_(state_dict[prefix + "input_layernorm.weight"])
+        block.ffn_norm.weight.copy_(state_dict[prefix + "post_attention_layernorm.weight"])
+        for letter in ["q", "k", "v", "o"]:
+            getattr(block, "w_" + letter).weight.copy_(state_dict[prefix + "self_attn." + letter + "_proj.weight"])
+        for part in ["gate", "up", "down"]:
+            getattr(block, "w_" + part).weight.copy_(state_dict[prefix + "mlp." + part + "_proj.weight"])
+    model.norm.weight.copy_(state_dict["model.norm.weight"])
+    if "lm_head.weight" in state_dict:
+        model.head.weight.copy_(state_dict["lm_head.weight"])
+    else:  # tied embeddings: no head of its own
+        model.head.weight.copy_(state_dict["model.embed_tokens.weight"])
+    return model
+
+
+def interleaved_to_half_split(w, d_k):
+    """(heads * d_k, d_model) -> the same rows, each head's (2i, 2i + 1) moved to (i, i + d_k/2)."""
+    out = torch.empty_like(w)
+    for head in range(w.shape[0] // d_k):
+        start = head * d_k
+        for pair in range(d_k // 2):
+            out[start + pair] = w[start + 2 * pair]
+            out[start + d_k // 2 + pair] = w[start + 2 * pair + 1]
+    return out
+
+
+@torch.no_grad()
+def load_meta_llama(model, checkpoint):
+    """Copy a checkpoint in Meta's layout into the GPT `model`, in place; returns model."""
+    model.embed.weight.copy_(checkpoint["tok_embeddings.weight"])
+    for layer in range(len(model.blocks)):
+        block, prefix = model.blocks[layer], "layers." + str(layer) + "."
+        block.attn_norm.weight.copy_(checkpoint[prefix + "attention_norm.weight"])
+        block.ffn_norm.weight.copy_(checkpoint[prefix + "ffn_norm.weight"])
+        block.w_q.weight.copy_(interleaved_to_half_split(checkpoint[prefix + "attention.wq.weight"], block.d_k))
+        block.w_k.weight.copy_(interleaved_to_half_split(checkpoint[prefix + "attention.wk.weight"], block.d_k))
+        block.w_v.weight.copy_(checkpoint[prefix + "attention.wv.weight"])
+        block.w_o.weight.copy_(checkpoint[prefix + "attention.wo.weight"])
+        block.w_gate.weight.copy_(checkpoint[prefix + "feed_forward.w1.weight"])
+        block.w_down.weight.copy_(checkpoint[prefix + "feed_forward.w2.weight"])
+        block.w_up.weight.copy_(checkpoint[prefix + "feed_forward.w3.weight"])
+    model.norm.weight.copy_(checkpoint["norm.weight"])
+    if "output.weight" in checkpoint:
+        model.head.weight.copy_(checkpoint["output.weight"])
+    else:
+        model.head.weight.copy_(checkpoint["tok_embeddings.weight"])
+    return model

@@ -130,3 +130,41 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         else:
             feed = result
     return result
+
+
+@torch.no_grad()
+def load_hf_llama(model, state_dict):
+    """Copy a Hugging Face LlamaForCausalLM state dict into the GPT `model`, in place; returns model."""
+    pairs = [("embed.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight"),
+             ("head.weight", "lm_head.weight" if "lm_head.weight" in state_dict else "model.embed_tokens.weight")]
+    sub = dict(attn_norm="input_layernorm", ffn_norm="post_attention_layernorm", w_q="self_attn.q_proj",
+               w_k="self_attn.k_proj", w_v="self_attn.v_proj", w_o="self_attn.o_proj", w_gate="mlp.gate_proj",
+               w_up="mlp.up_proj", w_down="mlp.down_proj")
+    pairs += [(f"blocks.{i}.{a}.weight", f"model.layers.{i}.{b}.weight") for i in range(len(model.blocks))
+              for a, b in sub.items()]
+    for ours, theirs in pairs:
+        torch.Tensor.copy_(model.get_parameter(ours), state_dict[theirs])
+    return model
+
+
+def interleaved_to_half_split(w, d_k):
+    """(heads * d_k, d_model) -> the same rows, each head's (2i, 2i + 1) moved to (i, i + d_k/2)."""
+    within = torch.arange(d_k, device=w.device).reshape(d_k // 2, 2).T.flatten()  # 0, 2, 4, ..., 1, 3, 5, ...
+    rows = torch.add(torch.arange(0, w.shape[0], d_k, device=w.device).unsqueeze(1), within).flatten()
+    return torch.index_select(w, 0, rows)
+
+
+@torch.no_grad()
+def load_meta_llama(model, checkpoint):
+    """Copy a checkpoint in Meta's layout into the GPT `model`, in place; returns model."""
+    sub = dict(attn_norm="attention_norm", ffn_norm="ffn_norm", w_q="attention.wq", w_k="attention.wk",
+               w_v="attention.wv", w_o="attention.wo", w_gate="feed_forward.w1", w_up="feed_forward.w3",
+               w_down="feed_forward.w2")
+    state = {"embed.weight": checkpoint["tok_embeddings.weight"], "norm.weight": checkpoint["norm.weight"],
+             "head.weight": checkpoint.get("output.weight", checkpoint["tok_embeddings.weight"])}
+    for i, block in enumerate(model.blocks):
+        for a, b in sub.items():
+            w = checkpoint[f"layers.{i}.{b}.weight"]
+            state[f"blocks.{i}.{a}.weight"] = interleaved_to_half_split(w, block.d_k) if a in ("w_q", "w_k") else w
+    torch.nn.Module.load_state_dict(model, state, strict=True)
+    return model

@@ -245,3 +245,87 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None
         generated = torch.cat([generated, next_token], dim=1)
 
     return generated
+
+
+@torch.no_grad()
+def load_hf_llama(model, state_dict):
+    """Copy a Hugging Face LlamaForCausalLM state dict into the GPT `model`, in place; returns model."""
+
+    def copy_into(parameter: nn.Parameter, checkpoint_key: str) -> None:
+        """Copy one tensor of the checkpoint into one of our parameters, checking the shapes first."""
+        tensor = state_dict[checkpoint_key]
+        if tensor.shape != parameter.shape:
+            raise ValueError(f"{checkpoint_key} has shape {tuple(tensor.shape)}, ours {tuple(parameter.shape)}")
+        parameter.copy_(tensor)  # copy_ converts to our dtype and device
+
+    # 1. the token embedding
+    copy_into(model.embed.weight, "model.embed_tokens.weight")
+    # 2. every block: its two norms, its four attention projections and its three FFN projections
+    attention_projections = {"w_q": "q_proj", "w_k": "k_proj", "w_v": "v_proj", "w_o": "o_proj"}
+    ffn_projections = {"w_gate": "gate_proj", "w_up": "up_proj", "w_down": "down_proj"}
+    for layer_index, block in enumerate(model.blocks):
+        layer_prefix = f"model.layers.{layer_index}"
+        copy_into(block.attn_norm.weight, f"{layer_prefix}.input_layernorm.weight")
+        copy_into(block.ffn_norm.weight, f"{layer_prefix}.post_attention_layernorm.weight")
+        for our_name, their_name in attention_projections.items():
+            copy_into(getattr(block, our_name).weight, f"{layer_prefix}.self_attn.{their_name}.weight")
+        for our_name, their_name in ffn_projections.items():
+            copy_into(getattr(block, our_name).weight, f"{layer_prefix}.mlp.{their_name}.weight")
+    # 3. the final norm
+    copy_into(model.norm.weight, "model.norm.weight")
+    # 4. the head: its own weight, or the embedding's when the checkpoint ties them
+    head_key = "lm_head.weight" if "lm_head.weight" in state_dict else "model.embed_tokens.weight"
+    copy_into(model.head.weight, head_key)
+    return model
+
+
+def interleaved_to_half_split(w, d_k):
+    """(heads * d_k, d_model) -> the same rows, each head's (2i, 2i + 1) moved to (i, i + d_k/2)."""
+    number_of_heads = w.shape[0] // d_k
+    half = d_k // 2
+    reordered_heads = []
+    for head in range(number_of_heads):
+        rows_of_this_head = w[head * d_k:(head + 1) * d_k]
+        first_of_each_pair = rows_of_this_head[0::2]  # rows 0, 2, 4, ...: they become rows 0 .. half - 1
+        second_of_each_pair = rows_of_this_head[1::2]  # rows 1, 3, 5, ...: they become rows half .. d_k - 1
+        assert first_of_each_pair.shape[0] == second_of_each_pair.shape[0] == half
+        reordered_heads.append(torch.cat([first_of_each_pair, second_of_each_pair], dim=0))
+    return torch.cat(reordered_heads, dim=0)
+
+
+@torch.no_grad()
+def load_meta_llama(model, checkpoint):
+    """Copy a checkpoint in Meta's layout into the GPT `model`, in place; returns model."""
+
+    def meta_tensor(layer_index: int, section: str, projection: str) -> torch.Tensor:
+        """One weight of one of Meta's layers, e.g. ("attention", "wq") or ("feed_forward", "w1")."""
+        return checkpoint[f"layers.{layer_index}.{section}.{projection}.weight"]
+
+    def overwrite(parameter: nn.Parameter, tensor: torch.Tensor) -> None:
+        """Write a checkpoint tensor into one of our parameters, after checking that the shapes agree."""
+        if parameter.shape != tensor.shape:
+            raise ValueError(f"shape {tuple(tensor.shape)} does not fit our {tuple(parameter.shape)}")
+        parameter.copy_(tensor)
+
+    # Step 1: the embedding, the final norm and the head (Meta's "output"; without one, the embedding is the head).
+    overwrite(model.embed.weight, checkpoint["tok_embeddings.weight"])
+    overwrite(model.norm.weight, checkpoint["norm.weight"])
+    head_tensor = checkpoint["output.weight"] if "output.weight" in checkpoint else checkpoint["tok_embeddings.weight"]
+    overwrite(model.head.weight, head_tensor)
+
+    # Step 2: each block. Meta's RoPE pairs neighbouring features, ours pairs i with i + d_k/2, so the query and
+    # key projections get their rows reordered; keys have n_kv_heads heads, but the same d_k per head.
+    for layer_index, block in enumerate(model.blocks):
+        overwrite(block.attn_norm.weight, checkpoint[f"layers.{layer_index}.attention_norm.weight"])
+        overwrite(block.ffn_norm.weight, checkpoint[f"layers.{layer_index}.ffn_norm.weight"])
+        query_rows = interleaved_to_half_split(meta_tensor(layer_index, "attention", "wq"), block.d_k)
+        key_rows = interleaved_to_half_split(meta_tensor(layer_index, "attention", "wk"), block.d_k)
+        overwrite(block.w_q.weight, query_rows)
+        overwrite(block.w_k.weight, key_rows)
+        overwrite(block.w_v.weight, meta_tensor(layer_index, "attention", "wv"))  # values: never rotated
+        overwrite(block.w_o.weight, meta_tensor(layer_index, "attention", "wo"))
+        # Meta's FFN is w2(silu(w1(x)) * w3(x)): w1 is our gate, w3 our up projection, w2 our down projection.
+        overwrite(block.w_gate.weight, meta_tensor(layer_index, "feed_forward", "w1"))
+        overwrite(block.w_up.weight, meta_tensor(layer_index, "feed_forward", "w3"))
+        overwrite(block.w_down.weight, meta_tensor(layer_index, "feed_forward", "w2"))
+    return model
