@@ -539,6 +539,13 @@ LATER = [
     Case("imports_the_reference_06", replaced("gpt", "from autograde_tests.reference import GPT"), 24 - 3,
          chapter=DECODER_ONLY),
     Case("gpt_by_the_checks_06", replaced("gpt", GPT_BY_THE_CHECKS), 24 - 3, chapter=DECODER_ONLY),
+    # a named mistake in each of the exercises issue 27 added costs that exercise alone
+    Case("kv_heads_tiled_06", edited("decoder_block", ("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, "
+                                                       "dim=1)", "k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")),
+         24 - 5, chapter=DECODER_ONLY),
+    Case("gate_and_up_swapped_06", edited("load_meta_llama", ('"w_gate": "feed_forward.w1"', '"w_gate": "feed_forward.w3"'),
+                                          ('"w_up": "feed_forward.w3"', '"w_up": "feed_forward.w1"')),
+         24 - 3, chapter=DECODER_ONLY),
     Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 24 - 4, chapter=DECODER_ONLY),
     # whether generate uses the cache is the grader's record (the stand-in model is lent): patching it gains nothing
     Case("ignores_the_cache_06", edited("generate", NO_CACHE), 24 - 4, chapter=DECODER_ONLY),

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from autograde_tests import course, nbgrader_course
+from autograde_tests.chapters import hidden_in_grading
 from autograde_tests.grading import bubblewrap, kernel_view
 from autograde_tests.grading.sandbox_kernel import bwrap_arguments, connection_file
-from autograde_tests.reference import hidden_in_grading
 
 from .conftest import kernel_stand_in
 

@@ -4,12 +4,13 @@ and what a submission tried against the machine stayed within the bounds the OS 
 
 from pathlib import Path
 
+import nbformat
 import pytest
 
 from autograde_tests import course
 from autograde_tests.grading import cgroups
 
-from .adversarial import CHAPTER, LATER, SHM_NAME
+from .adversarial import CHAPTER, DECODER_ONLY, LATER, SHM_NAME
 from .class_batch import MEMORY_GIB, expect_outcome, grade, outcomes, printed, submit, unbounded
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,6 +42,16 @@ def test_an_attack_on_a_later_chapter_gets_its_outcome(graded, case):
     if case.bounded and unbounded():
         pytest.skip(unbounded())
     expect_outcome(graded, case)
+
+
+@pytest.mark.parametrize("student, problem", [
+    ("kv_heads_tiled_06", "the key and value heads are repeated along the wrong axis"),
+    ("gate_and_up_swapped_06", "the FFN's w1 and w3 are swapped"),
+])
+def test_the_feedback_names_the_mistake_a_grouped_query_block_or_a_checkpoint_loader_made(graded, student, problem):
+    notebook = nbformat.read(graded / "autograded" / student / DECODER_ONLY / f"{DECODER_ONLY}.ipynb", as_version=4)
+    errors = [o.get("evalue", "") for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    assert any(problem in error for error in errors), errors
 
 
 @pytest.mark.parametrize("case", [c for c in LATER if c.bounded], ids=lambda c: f"{c.student}/{c.chapter}")

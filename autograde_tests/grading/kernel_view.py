@@ -8,8 +8,8 @@ themselves run in the grader. In there it needs only
 - what the checks run next to the learner's code (``checks.beside``, ``checks.stand_ins``: PyTorch alone,
   and no answer to an exercise);
 - the earlier chapters' reference, which the chapter's notebook imports as its building blocks;
-- the packages above these, and ``lazy``, by which their names are imported from a chapter's module on
-  first use.
+- the packages above these, ``lazy``, by which their names are imported from a chapter's module on first
+  use, and ``chapters``, the table of names it reads them from.
 
 Every other module of the package is hidden, whatever it is: the graded chapter's reference and later
 ones (the answer), every chapter's checks (their mistake generators are the reference with a flag, so
@@ -24,12 +24,12 @@ compiled copies (``__pycache__``) is an empty read-only tmpfs. The suite's stand
 from pathlib import Path
 
 import autograde_tests
-from autograde_tests.reference import CHAPTER_MODULES, hidden_in_grading
+from autograde_tests.chapters import CHAPTERS, hidden_in_grading
 
 PACKAGE = Path(autograde_tests.__file__).resolve().parent
 STUB = Path(__file__).with_name("hidden_reference.py")
 KERNEL_NEEDS = frozenset({
-    "autograde_tests", "autograde_tests.lazy",
+    "autograde_tests", "autograde_tests.lazy", "autograde_tests.chapters",
     "autograde_tests.remote", "autograde_tests.remote.agent", "autograde_tests.remote.lent",
     "autograde_tests.remote.wire",
     "autograde_tests.checks", "autograde_tests.checks.beside", "autograde_tests.checks.stand_ins",
@@ -40,7 +40,7 @@ KERNEL_NEEDS = frozenset({
 def visible(chapter: str) -> frozenset[str]:
     """The course modules a kernel graded on ``chapter`` (``"06_decoder_only"`` or ``"decoder_only"``) can
     import."""
-    earlier = [module for module in CHAPTER_MODULES if module not in hidden_in_grading(chapter)]
+    earlier = [c.module for c in CHAPTERS if c.module not in hidden_in_grading(chapter)]
     return KERNEL_NEEDS | {f"autograde_tests.reference.{module}" for module in earlier}
 
 

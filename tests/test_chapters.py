@@ -1,0 +1,46 @@
+"""The table of chapters (``autograde_tests.chapters``) is the course as it is: its chapters are the instructor
+notebooks, each notebook's exercises and test cells are the table's names in its order, and the reference
+and the checks export exactly those names."""
+
+import importlib
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from autograde_tests import course, reference
+from autograde_tests.chapters import CHAPTERS, hidden_in_grading
+
+REPO = Path(__file__).resolve().parents[1]
+IMPORTED_CHECK = re.compile(r"^from autograde_tests\.checks import (check_\w+)$", re.MULTILINE)
+
+
+def test_the_table_lists_the_instructor_notebooks_in_order():
+    assert [chapter.id for chapter in CHAPTERS] == course.chapters(REPO)
+
+
+def test_the_demo_has_a_typical_mistake_for_every_chapter():
+    assert list(course.TYPICAL_MISTAKES) == [chapter.id for chapter in CHAPTERS]
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_each_test_cell_calls_the_tables_checks_in_order(chapter):
+    notebook = nbformat.read(REPO / "solutions" / chapter.id / f"{chapter.id}.ipynb", as_version=4)
+    called = [name for cell in notebook.cells if cell.cell_type == "code" for name in IMPORTED_CHECK.findall(cell.source)]
+    assert tuple(called) == chapter.checks
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_the_reference_and_the_checks_define_the_tables_names(chapter):
+    solved = importlib.import_module(f"autograde_tests.reference.{chapter.module}")
+    checks = importlib.import_module(f"autograde_tests.checks.{chapter.module}")
+    assert all(callable(getattr(solved, name)) for name in chapter.graded)
+    assert all(callable(getattr(checks, name)) for name in chapter.checks)
+    assert set(chapter.graded) <= set(reference.__all__)
+
+
+def test_a_chapter_hides_its_own_module_and_every_later_one():
+    modules = [chapter.module for chapter in CHAPTERS]
+    for i, chapter in enumerate(CHAPTERS):
+        assert hidden_in_grading(chapter.id) == hidden_in_grading(chapter.module) == modules[i:]
