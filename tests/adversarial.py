@@ -430,8 +430,8 @@ def resource_cases(chapter: str) -> list[Case]:
 GREEDY_BY_THE_CHECKS = '''
 @torch.no_grad()
 def greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
-    from autograde_tests.checks.transformer import _greedy  # the reference's decoding, its flags as they are
-    return _greedy(model, src, max_len, bos_id, eos_id, src_padding_mask)
+    from autograde_tests.checks.transformer import _greedy  # the reference's decoding, unchanged
+    return _greedy()(model, src, max_len, bos_id, eos_id, src_padding_mask)
 '''
 TRAINING_REPORTED_NOT_RUN = '''
 import autograde_tests.checks.stand_ins as s

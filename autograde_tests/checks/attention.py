@@ -4,7 +4,7 @@ Visible checks (``hidden=False``) use one fixed set of shapes and seeds; the hid
 runs at grading time draw other seeds and other shapes, so an answer fitted to the visible example fails.
 """
 
-import math
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +16,9 @@ from .harness import (
     call,
     candidates,
     close,
+    edited,
     expect_tensor,
     fail,
-    fail_difference,
     name_the_mistake,
     output_like_input,
     run_cases,
@@ -91,15 +91,21 @@ def _expect_softmax_values(name, out, expected, x, case: SoftmaxCase) -> None:
             f"returns inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
             "subtract the maximum along `dim` (keepdim=True) before exp; softmax(x) = softmax(x - c).",
         )
-    x64 = x.double().cpu()
-    for other in range(x.dim()):
-        if other != case.dim % x.dim() and close(out, ref.softmax(x64, dim=other)):
-            fail(
-                name,
-                f"normalises over dim {other} when called with dim={case.dim}",
-                "reduce (max and sum) along the `dim` argument, with keepdim=True.",
-            )
-    fail_difference(name, f"the output for input of shape {tuple(x.shape)}, dim={case.dim}", out, expected)
+    name_the_mistake(name, f"the output for input of shape {tuple(x.shape)}, dim={case.dim}", out, expected,
+                     candidates(_wrong_axis_mistakes(x.dim(), case.dim), x.double().cpu()))
+
+
+def _wrong_axis_mistakes(rank: int, dim: int) -> list[Mistake]:
+    """Softmax over each axis but ``dim``: the reference called with the wrong axis, named by the one it used."""
+    return [
+        Mistake(
+            f"normalises over dim {other} when called with dim={dim}",
+            "reduce (max and sum) along the `dim` argument, with keepdim=True.",
+            functools.partial(ref.softmax, dim=other),
+        )
+        for other in range(rank)
+        if other != dim % rank
+    ]
 
 
 # ------------------------------------------------------------------------ scaled dot-product attention
@@ -151,27 +157,6 @@ def _attention_inputs(case: AttentionCase, seed: int):
     return q, k, v, mask
 
 
-def _masked_softmax(scores, mask, dim=-1):
-    if mask is not None:
-        scores = torch.where(mask, scores, float("-inf"))
-    weights = ref.softmax(scores, dim=dim).nan_to_num(0.0)
-    return torch.where(mask, weights, 0.0) if mask is not None else weights
-
-
-def _attend(weights_fn):
-    """Attention whose weights come from ``weights_fn(q, k, v, mask)``."""
-
-    def attention(q, k, v, mask):
-        weights = weights_fn(q, k, v, mask)
-        return weights @ v, weights
-
-    return attention
-
-
-def _scores(q, k, scale):
-    return q @ k.transpose(-2, -1) / scale
-
-
 UNIFORM_WHEN_ALL_MASKED = (
     "a query whose keys are all masked gets uniform weights instead of zeros: the scores were filled with a "
     "large negative number (such as -1e9) instead of -inf, and such rows were not zeroed",
@@ -181,31 +166,35 @@ UNIFORM_WHEN_ALL_MASKED = (
 )
 
 
-def large_negative_fill(scores, mask):
-    """Softmax over scores whose masked entries are -1e9: rows with no allowed key come out uniform."""
-    return ref.softmax(scores.masked_fill(~mask, -1e9), dim=-1)
+def _attention(*changes: tuple[str, str]):
+    """The reference's scaled_dot_product_attention with ``changes`` made to its source (``edited``): a mistake."""
+    return edited(ref.scaled_dot_product_attention, *changes)
+
+
+MINUS_INF = 'float("-inf")'
+UNZEROED = ("torch.where(mask, weights, 0.0)", "weights")  # weights as softmax left them: masked keys' and empty rows' too
 
 
 MISTAKES = [
     Mistake(
         "your output matches attention without the 1/sqrt(d_k) scale",
         "divide q @ k.transpose(-2, -1) by math.sqrt(d_k), with d_k = q.size(-1).",
-        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, 1.0), mask)),
+        _attention((" / math.sqrt(d_k)", "")),
     ),
     Mistake(
         "your scores are divided by d_k instead of sqrt(d_k)",
         "the scale is 1/math.sqrt(d_k).",
-        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, q.size(-1)), mask)),
+        _attention(("math.sqrt(d_k)", "d_k")),
     ),
     Mistake(
         "your scores are scaled by sqrt(d_v), the size of the values",
         "the scale uses d_k = q.size(-1), the size shared by queries and keys.",
-        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, math.sqrt(v.size(-1))), mask)),
+        _attention(("math.sqrt(d_k)", "math.sqrt(v.size(-1))")),
     ),
     Mistake(
         "softmax over the wrong axis: your weights are normalised over the queries (dim=-2)",
         "each query's row of weights must sum to 1 over the keys: softmax(scores, dim=-1).",
-        _attend(lambda q, k, v, mask: _masked_softmax(_scores(q, k, math.sqrt(q.size(-1))), mask, dim=-2)),
+        _attention(("softmax(scores, dim=-1)", "softmax(scores, dim=-2)")),
     ),
     Mistake(
         "mask polarity inverted: your code treats True as 'blocked'",
@@ -216,21 +205,14 @@ MISTAKES = [
     Mistake(
         "masked scores were set to 0 instead of -inf, so masked keys still get weight (exp(0) = 1)",
         "fill masked scores with float('-inf') so that softmax gives them exactly zero weight.",
-        _attend(
-            lambda q, k, v, mask: ref.softmax(torch.where(mask, _scores(q, k, math.sqrt(q.size(-1))), 0.0), dim=-1)
-        ),
+        _attention((MINUS_INF, "0.0"), UNZEROED),
     ),
     Mistake(
         "masked weights were zeroed after softmax without renormalising, so rows no longer sum to 1",
         "mask the scores before softmax (fill with -inf), not the weights after it.",
-        _attend(
-            lambda q, k, v, mask: ref.softmax(_scores(q, k, math.sqrt(q.size(-1))), dim=-1) * mask
-        ),
+        _attention((f"torch.where(mask, scores, {MINUS_INF})", "scores")),
     ),
-    Mistake(
-        *UNIFORM_WHEN_ALL_MASKED,
-        _attend(lambda q, k, v, mask: large_negative_fill(_scores(q, k, math.sqrt(q.size(-1))), mask)),
-    ),
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _attention((MINUS_INF, "-1e9"), UNZEROED)),
     Mistake(
         "the mask is ignored: these values match attention computed without the mask "
         "(weights returned before masking, or the output computed from unmasked weights)",

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..reference import attention_variants as ref
+from ..reference.attention import scaled_dot_product_attention
+from ..reference.multi_head_attention import MultiHeadAttention
 from .harness import (
     ON_A_FIXED_DEVICE,
     ChangedInput,
@@ -25,19 +27,16 @@ from .harness import (
     close,
     construct,
     copy_weights,
+    edited,
     expect_tensor,
     fail,
     fail_difference,
-    grid,
-    key_mask,
-    passed,
     randomise,
     run_cases,
     strict_numerics,
 )
-from ..reference.multi_head_attention import merge_heads, split_heads
 from ..remote.proxy import is_module, type_name
-from .attention import UNIFORM_WHEN_ALL_MASKED, large_negative_fill
+from .attention import UNIFORM_WHEN_ALL_MASKED
 from .how import expect_device_agnostic, kernel_reported
 
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."
@@ -60,7 +59,8 @@ def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> Non
 
 
 def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, made, what: str) -> None:
-    """Masks are exact: compare with torch.equal, name the first mistake that matches."""
+    """Masks are exact: compare with torch.equal, name the first mistake that matches, else the first wrong entry
+    (name_the_mistake compares within a float tolerance and reports the largest error of numbers)."""
     out = out.cpu()
     for mistake, result in made:
         if isinstance(result, torch.Tensor) and torch.equal(out, result):
@@ -78,19 +78,19 @@ CAUSAL_MISTAKES = [
     Mistake(
         "the causal mask excludes the diagonal: a token cannot see itself",
         "position i may attend to positions 0 .. i, itself included: torch.tril(..., diagonal=0).",
-        lambda size: ref.causal_mask(size).tril(-1),
+        edited(ref.causal_mask, (".tril()", ".tril(-1)")),
     ),
     Mistake(
         "the causal mask is transposed: True above the diagonal lets each token see the future, not the past",
         "row i (the query) may attend to columns 0 .. i (the keys): the lower triangle, torch.tril.",
-        lambda size: ref.causal_mask(size).T,
+        edited(ref.causal_mask, (".tril()", ".tril().T")),
     ),
     Mistake(
         "mask polarity inverted: your mask is True on the future positions to block, "
         "but in this course True = may attend",
         "nn.Transformer and nn.MultiheadAttention mark the blocked positions; this course and "
         "F.scaled_dot_product_attention mark the allowed ones: the lower triangle, diagonal included.",
-        lambda size: ~ref.causal_mask(size),
+        edited(ref.causal_mask, ("torch.ones(", "~torch.ones(")),
     ),
 ]
 
@@ -128,12 +128,12 @@ PADDING_MISTAKES = [
     Mistake(
         "mask polarity inverted: your mask is True on the padding, but in this course True = a real token",
         "True means 'may attend', and only real tokens may be attended to: positions < length.",
-        lambda lengths, max_len: ~ref.padding_mask(lengths, max_len),
+        edited(ref.padding_mask, ("positions < lengths", "positions >= lengths")),
     ),
     Mistake(
         "off by one: your mask marks lengths[b] + 1 positions of sequence b as real",
         "positions are counted from 0, so position p is real when p < length (not <=).",
-        lambda lengths, max_len: torch.arange(max_len) <= lengths[:, None],
+        edited(ref.padding_mask, ("positions < lengths", "positions <= lengths")),
     ),
 ]
 
@@ -203,31 +203,6 @@ HIDDEN_CROSS = [
 ]
 
 
-def _queries(pm):
-    return pm[:, None, :, None]  # (B, 1, m, 1): the mistake of masking the query axis
-
-
-def _attend(module, q_side, kv_side, mask):
-    """What ``module.attn`` gives with this mask, or None when the mask does not broadcast."""
-    try:
-        return module.attn(q_side, kv_side, mask)[0]
-    except RuntimeError:
-        return None
-
-
-def _attend_filling_minus_1e9(module, q_side, kv_side, mask):
-    """``module.attn`` written with masked scores filled with -1e9: a query with no real key averages them all."""
-    attn = module.attn
-    q = split_heads(attn.w_q(q_side), attn.n_heads)  # (B, h, m, d_k)
-    k, v = split_heads(attn.w_k(kv_side), attn.n_heads), split_heads(attn.w_v(kv_side), attn.n_heads)
-    weights = large_negative_fill(q @ k.transpose(-2, -1) / attn.d_k**0.5, mask)  # (B, h, m, n)
-    return attn.w_o(merge_heads(weights @ v))  # (B, m, d_model)
-
-
-def _needs_padding(compute):
-    return lambda module, x, memory, pm: None if pm is None else compute(module, x, memory, pm)
-
-
 QUERY_AXIS = (
     "padding mask applied on the query axis instead of the key axis: padded tokens are still attended to",
     "a padding mask hides keys: reshape the (B, n) mask to (B, 1, 1, n), not (B, 1, n, 1).",
@@ -242,83 +217,75 @@ INVERTED = (
     "True marks real tokens, which may be attended to; nn.MultiheadAttention's key_padding_mask is the opposite.",
 )
 
+# Each mistake is the reference variant's forward with its source edited (``edited``), or another variant's
+# forward, called as the check calls the module, (module, x, padding_mask) or (module, x, memory,
+# memory_padding_mask), with the reference module whose weights the learner's module was given.
+KEYS = "padding_mask[:, None, None, :]"  # how every variant's forward makes the (B, n) mask (B, 1, 1, n)
 
-def _causal(T, diagonal=0):
-    return torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+# MultiHeadAttention's forward with the masked scores filled with -1e9 and the weights never zeroed afterwards
+# (the Annotated Transformer's choice): a query with no real key averages all the values.
+ATTENDING_WITH_MINUS_1E9 = edited(
+    MultiHeadAttention.forward,
+    scaled_dot_product_attention=edited(
+        scaled_dot_product_attention,
+        ('torch.where(mask, scores, float("-inf"))', "scores.masked_fill(~mask, -1e9)"),
+        ("weights = torch.where(mask, weights, 0.0)", "pass"),
+    ),
+)
+
+
+def _filling_minus_1e9(forward):
+    """``forward`` with its ``self.attn`` attending as ATTENDING_WITH_MINUS_1E9 does."""
+    return edited(forward, ("self.attn(", "attend(self.attn, "), attend=ATTENDING_WITH_MINUS_1E9)
 
 
 SELF_MISTAKES = [
-    Mistake(*UNIFORM_WHEN_ALL_MASKED, _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, key_mask(pm)))),
-    Mistake(*QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _queries(pm)))),
-    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, pm))),
-    Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, None))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, ~key_mask(pm)))),
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _filling_minus_1e9(ref.SelfAttention.forward)),
+    Mistake(*QUERY_AXIS, edited(ref.SelfAttention.forward, (KEYS, "padding_mask[:, None, :, None]"))),
+    Mistake(*NOT_BROADCAST, edited(ref.SelfAttention.forward, (KEYS, "padding_mask"))),
+    Mistake(*IGNORED, edited(ref.SelfAttention.forward, ("self.attn(x, x, mask)", "self.attn(x, x)"))),
+    Mistake(*INVERTED, edited(ref.SelfAttention.forward, (KEYS, "~" + KEYS))),
     Mistake(
         "SelfAttention hides the future: the causal mask belongs to CausalSelfAttention only",
         "in (encoder) self-attention every position may attend to every real position.",
-        lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & (True if pm is None else key_mask(pm))),
+        ref.CausalSelfAttention.forward,  # the other variant's answer is this one's mistake
     ),
 ]
 
-
-def _with_padding(causal, pm, combine=lambda c, p: c & key_mask(p)):
-    return causal if pm is None else combine(causal, pm)
-
-
 CAUSAL_MODULE_MISTAKES = [
-    Mistake(
-        *UNIFORM_WHEN_ALL_MASKED,
-        _needs_padding(lambda mod, x, _, pm: _attend_filling_minus_1e9(mod, x, x, _causal(x.size(1)) & key_mask(pm))),
-    ),
-    Mistake(
-        CAUSAL_MISTAKES[0].problem,
-        CAUSAL_MISTAKES[0].hint,
-        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(_causal(x.size(1), -1), pm)),
-    ),
-    Mistake(
-        CAUSAL_MISTAKES[1].problem,
-        CAUSAL_MISTAKES[1].hint,
-        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(_causal(x.size(1)).T, pm)),
-    ),
-    Mistake(
-        CAUSAL_MISTAKES[2].problem,
-        CAUSAL_MISTAKES[2].hint,
-        lambda mod, x, _, pm: _attend(mod, x, x, _with_padding(~_causal(x.size(1)), pm)),
-    ),
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _filling_minus_1e9(ref.CausalSelfAttention.forward)),
+    # The causal mask's own mistakes, made by the causal_mask the forward calls.
+    *(Mistake(m.problem, m.hint, edited(ref.CausalSelfAttention.forward, causal_mask=m.compute))
+      for m in CAUSAL_MISTAKES),
     Mistake(
         "the future is visible: no causal mask was applied",
         "combine causal_mask(T, device=x.device) with the padding mask (both must allow a key: &).",
-        lambda mod, x, _, pm: _attend(mod, x, x, None if pm is None else key_mask(pm)),
+        ref.SelfAttention.forward,  # the other variant's answer is this one's mistake
     ),
-    Mistake(*IGNORED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1))))),
+    Mistake(*IGNORED, edited(ref.CausalSelfAttention.forward, ("mask & " + KEYS, "mask"))),
     Mistake(
         "the masks were combined with | (or) instead of & (and): a key hidden by either mask must stay hidden",
         "a key may be attended to only if it is in the past AND a real token: causal & padding.",
-        _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) | key_mask(pm))),
+        edited(ref.CausalSelfAttention.forward, ("mask & ", "mask | ")),
     ),
-    Mistake(
-        *QUERY_AXIS, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & _queries(pm)))
-    ),
-    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & pm))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, _, pm: _attend(mod, x, x, _causal(x.size(1)) & ~key_mask(pm)))),
+    Mistake(*QUERY_AXIS, edited(ref.CausalSelfAttention.forward, (KEYS, "padding_mask[:, None, :, None]"))),
+    Mistake(*NOT_BROADCAST, edited(ref.CausalSelfAttention.forward, (KEYS, "padding_mask"))),
+    Mistake(*INVERTED, edited(ref.CausalSelfAttention.forward, (KEYS, "~" + KEYS))),
 ]
 
 CROSS_MISTAKES = [
-    Mistake(
-        *UNIFORM_WHEN_ALL_MASKED,
-        _needs_padding(lambda mod, x, memory, pm: _attend_filling_minus_1e9(mod, x, memory, key_mask(pm))),
-    ),
+    Mistake(*UNIFORM_WHEN_ALL_MASKED, _filling_minus_1e9(ref.CrossAttention.forward)),
     Mistake(
         "cross-attention without the source padding mask: padded memory tokens get weight",
         "pass memory_padding_mask, as (B, 1, 1, n), to self.attn.",
-        _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, None)),
+        edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x, memory)")),
     ),
-    Mistake(*NOT_BROADCAST, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, pm))),
-    Mistake(*INVERTED, _needs_padding(lambda mod, x, memory, pm: _attend(mod, x, memory, ~key_mask(pm)))),
+    Mistake(*NOT_BROADCAST, edited(ref.CrossAttention.forward, (KEYS, "padding_mask"))),
+    Mistake(*INVERTED, edited(ref.CrossAttention.forward, ("memory_" + KEYS, "~memory_" + KEYS))),
     Mistake(
         "the memory is ignored: keys and values came from x, which makes it self-attention",
         "x goes into the Q port and the memory into the K and V ports: self.attn(x, memory, mask).",
-        lambda mod, x, memory, pm: _attend(mod, x, x, None),
+        edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x)")),
     ),
 ]
 
@@ -358,6 +325,11 @@ def check_cross_attention(CrossAttention, hidden: bool = False) -> None:
     _check_variant(CROSS, CrossAttention, hidden)
 
 
+def _reference(variant: Variant, case: VariantCase, seed: int):
+    """The reference module, float64, its weights drawn from ``seed`` + 500."""
+    return randomise(variant.reference(case.d_model, case.n_heads), Inputs(seed + 500)).double().eval()
+
+
 def _inputs(variant: Variant, case: VariantCase, seed: int):
     """Float64 CPU x (B, m, d_model), memory (B, n, d_model) or None, padding mask (B, n) or None."""
     draw = Inputs(seed)
@@ -365,6 +337,11 @@ def _inputs(variant: Variant, case: VariantCase, seed: int):
     memory = draw.randn(case.batch, case.n, case.d_model) if variant.cross else None
     pm = None if case.lengths is None else ref.padding_mask(torch.tensor(case.lengths), case.n)
     return x, memory, pm
+
+
+def _arguments(variant: Variant, x, memory, pm) -> tuple:
+    """The forward's arguments in the contract's order: (x, padding_mask) or (x, memory, memory_padding_mask)."""
+    return (x, memory, pm) if variant.cross else (x, pm)
 
 
 def _forward(variant: Variant, module, x, memory, pm):
@@ -378,30 +355,28 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
     name = variant.name
     cases = variant.hidden if hidden else variant.visible
     seed = variant.seed + (1000 if hidden else 0)
-    count = 0
-    with strict_numerics(), torch.no_grad():
-        for i, case in enumerate(cases):
-            reference = randomise(variant.reference(case.d_model, case.n_heads), Inputs(seed + i + 500))
-            reference = reference.double().eval()
-            learner = construct(name, cls, case.d_model, case.n_heads)
-            if not is_module(getattr(learner, "attn", None)):
-                fail(name, "has no attribute `attn`", HOLD_ATTN)
-            inputs64 = _inputs(variant, case, seed + i)
-            expected = _forward(variant, reference, *inputs64)
-            for device, dtype in grid():
-                learner.to(dtype=dtype, device=device)
-                copy_weights(name, learner, reference, HOLD_ATTN)
-                _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed + i)
-                count += 1
+
+    def check_case(i: int, case: VariantCase, device, dtype) -> None:
+        reference = _reference(variant, case, seed + i)
+        learner = construct(name, cls, case.d_model, case.n_heads)
+        if not is_module(getattr(learner, "attn", None)):
+            fail(name, "has no attribute `attn`", HOLD_ATTN)
+        learner.to(dtype=dtype, device=device)
+        copy_weights(name, learner, reference, HOLD_ATTN)
+        _check_case(variant, learner, reference, case, _inputs(variant, case, seed + i), dtype, device, seed + i)
+
+    def on_meta() -> None:
         case = next(c for c in cases if c.lengths is not None)
         meta_module = construct(name, cls, case.d_model, case.n_heads).to("meta")
-        x, memory, pm = _inputs(variant, case, seed)
-        expect_device_agnostic(name, meta_module, (x, memory, pm) if variant.cross else (x, pm))
-    passed(name, count)
+        expect_device_agnostic(name, meta_module, _arguments(variant, *_inputs(variant, case, seed)))
+
+    with strict_numerics(), torch.no_grad():
+        run_cases(name, cases, check_case, after=on_meta)
 
 
-def _check_case(variant, learner, reference, case, inputs64, expected, dtype, device, seed) -> None:
+def _check_case(variant, learner, reference, case, inputs64, dtype, device, seed) -> None:
     name = variant.name
+    expected = _forward(variant, reference, *inputs64)
     x, memory, pm = (None if t is None else t.to(device) for t in inputs64)
     x = x.to(dtype)
     memory = None if memory is None else memory.to(dtype)
@@ -422,8 +397,10 @@ def _check_case(variant, learner, reference, case, inputs64, expected, dtype, de
             "a query whose keys are all padding must get a zero output: use the bool mask with "
             "MultiHeadAttention, not an additive -inf mask.",
         )
+    # The first mistake that matches is named before the properties are tested, and the difference only after
+    # them: name_the_mistake would fail with the difference at once.
     if not close(out, expected):
-        for mistake, result in candidates(variant.mistakes, reference, *inputs64):
+        for mistake, result in candidates(variant.mistakes, reference, *_arguments(variant, *inputs64)):
             if isinstance(result, torch.Tensor) and result.shape == out.shape and close(out, result):
                 fail(name, mistake.problem, mistake.hint)
     _expect_properties(variant, learner, case, out, x, memory, pm, seed)

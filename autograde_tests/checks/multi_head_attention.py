@@ -6,7 +6,6 @@ learner's output with both. Visible checks use one fixed set of shapes and seeds
 others, with m != n, batch > 1, h in {1, 2, 4, ...} and both bias settings.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -23,12 +22,11 @@ from .harness import (
     close,
     construct,
     copy_weights,
+    edited,
     expect_tensor,
     fail,
     fail_difference,
-    grid,
     name_the_mistake,
-    passed,
     randomise,
     run_cases,
     strict_numerics,
@@ -72,16 +70,21 @@ HIDDEN_HEADS = [
     HeadsCase(2, 4, 1, 3),
 ]
 
+HEADS_APART = "reshape(B, T, n_heads, d_k).transpose(1, 2)"  # split_heads: features into heads, heads to the front
+HEADS_TOGETHER = "x.transpose(1, 2).reshape"  # merge_heads: heads back behind the positions, then side by side
+SPLIT_WITHOUT_TRANSPOSE = edited(ref.split_heads, (HEADS_APART, "reshape(B, n_heads, T, d_k)"))
+MERGE_WITHOUT_TRANSPOSE = edited(ref.merge_heads, (HEADS_TOGETHER, "x.reshape"))
+
 SPLIT_MISTAKES = [
     Mistake(
         "heads mix positions: you reshaped (B, T, d_model) straight to (B, h, T, d_k) without the transpose",
         "reshape to (B, T, h, d_k) first, so that only the features are split, then .transpose(1, 2).",
-        lambda x, h: x.reshape(x.size(0), h, x.size(1), -1),
+        SPLIT_WITHOUT_TRANSPOSE,
     ),
     Mistake(
         "each head takes every h-th feature instead of a block of d_k neighbouring features",
         "head i owns features i*d_k .. (i+1)*d_k - 1: reshape to (B, T, h, d_k), not (B, T, d_k, h).",
-        lambda x, h: x.reshape(x.size(0), x.size(1), -1, h).permute(0, 3, 1, 2),
+        edited(ref.split_heads, (HEADS_APART, "reshape(B, T, d_k, n_heads).permute(0, 3, 1, 2)")),
     ),
 ]
 MERGE_MISTAKES = [
@@ -89,13 +92,13 @@ MERGE_MISTAKES = [
         "merging heads without transposing back: you reshaped (B, h, T, d_k) straight to (B, T, d_model), "
         "so positions and heads are mixed",
         "first .transpose(1, 2) back to (B, T, h, d_k), then reshape to (B, T, h * d_k).",
-        lambda x: x.reshape(x.size(0), x.size(2), -1),
+        MERGE_WITHOUT_TRANSPOSE,
     ),
     Mistake(
         "heads are interleaved feature by feature instead of placed side by side",
         "the inverse of split_heads puts head 0's d_k features first, then head 1's, ...: "
         ".transpose(1, 2).reshape(B, T, h * d_k).",
-        lambda x: x.permute(0, 2, 3, 1).reshape(x.size(0), x.size(2), -1),
+        edited(ref.merge_heads, (HEADS_TOGETHER, "x.permute(0, 2, 3, 1).reshape")),
     ),
 ]
 
@@ -206,56 +209,47 @@ def _modules(case: MHACase, seed: int):
     return torch_mha, ref.MultiHeadAttention.from_torch(torch_mha).eval()
 
 
-def _mha(module, x, y, mask, split=ref.split_heads, merge=ref.merge_heads, scale_by=None):
-    """The reference forward pass with one piece swapped for a mistaken one."""
-    h, d_k = module.n_heads, module.d_k
-    q = split(module.w_q(x), h)  # (B, h, m, d_k)
-    k, v = split(module.w_k(y), h), split(module.w_v(y), h)  # (B, h, n, d_k)
-    if scale_by is not None:  # scores / sqrt(scale_by) instead of / sqrt(d_k)
-        q = q * math.sqrt(d_k / scale_by)
-    heads, weights = scaled_dot_product_attention(q, k, v, mask)
-    return module.w_o(merge(heads)), weights
+def _mha(*changes: tuple[str, str], **names):
+    """The reference MultiHeadAttention's forward with ``changes`` made to its source and ``names`` in place of
+    the functions it calls (``edited``): a mistake, called (module, x, y, mask)."""
+    return edited(ref.MultiHeadAttention.forward, *changes, **names)
 
 
-def _split_without_transpose(t, h):
-    return t.reshape(t.size(0), h, t.size(1), -1)
-
-
-def _merge_without_transpose(t):
-    return t.reshape(t.size(0), t.size(2), -1)
-
+ATTEND = "scaled_dot_product_attention(q, k, v, mask)"
+# Inside the attention of the heads, q is (B, h, m, d_k): h * d_k is d_model.
+SCALED_BY_D_MODEL = edited(scaled_dot_product_attention, ("math.sqrt(d_k)", "math.sqrt(q.size(1) * d_k)"))
 
 MHA_MISTAKES = [
     Mistake(
         "your scores are scaled by sqrt(d_model) instead of sqrt(d_k), the size of one head",
         "each head compares d_k = d_model // n_heads features: divide the scores by math.sqrt(d_k).",
-        lambda mod, x, y, mask: _mha(mod, x, y, mask, scale_by=mod.d_model),
+        _mha(scaled_dot_product_attention=SCALED_BY_D_MODEL),
     ),
     Mistake(
         "heads mix positions: the projections were reshaped to (B, h, T, d_k) without the transpose",
         "reshape to (B, T, h, d_k) first, then .transpose(1, 2).",
-        lambda mod, x, y, mask: _mha(mod, x, y, mask, split=_split_without_transpose),
+        _mha(split_heads=SPLIT_WITHOUT_TRANSPOSE),
     ),
     Mistake(
         "heads mix positions: they were split without the transpose and merged without transposing back",
         "split: reshape to (B, T, h, d_k), then .transpose(1, 2); merge: .transpose(1, 2), then reshape.",
-        lambda mod, x, y, mask: _mha(mod, x, y, mask, split=_split_without_transpose, merge=_merge_without_transpose),
+        _mha(split_heads=SPLIT_WITHOUT_TRANSPOSE, merge_heads=MERGE_WITHOUT_TRANSPOSE),
     ),
     Mistake(
         "merging heads without transposing back: (B, h, m, d_k) was reshaped straight to (B, m, d_model)",
         "first .transpose(1, 2) back to (B, m, h, d_k), then reshape to (B, m, d_model), then apply w_o.",
-        lambda mod, x, y, mask: _mha(mod, x, y, mask, merge=_merge_without_transpose),
+        _mha(merge_heads=MERGE_WITHOUT_TRANSPOSE),
     ),
     Mistake(
         "the mask is ignored: these values match attention computed without it",
         "pass `mask` on to the attention of every head; it broadcasts against the (B, h, m, n) scores.",
-        lambda mod, x, y, mask: None if mask is None else _mha(mod, x, y, None),
+        _mha((ATTEND, "scaled_dot_product_attention(q, k, v, None)")),
     ),
     Mistake(
         "mask polarity inverted: your code treats True as 'blocked'",
         "in this course True means 'may attend' (nn.MultiheadAttention uses the opposite); "
         "fill the scores where the mask is False.",
-        lambda mod, x, y, mask: None if mask is None else _mha(mod, x, y, ~mask),
+        _mha((ATTEND, "scaled_dot_product_attention(q, k, v, ~mask)")),
     ),
 ]
 
@@ -333,31 +327,32 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
     name = "MultiHeadAttention"
     cases = HIDDEN_MHA if hidden else VISIBLE_MHA
     seed = 3200 if hidden else 320
-    count = 0
-    with strict_numerics(), torch.no_grad():
-        for i, case in enumerate(cases):
-            torch_mha, reference = _modules(case, seed + i)
-            args = (case.d_model, case.n_heads) + ((True,) if case.bias else ())  # bias=False by default
-            learner = construct(name, MultiHeadAttention, *args)
-            _expect_contract_parameters(name, learner, case)
-            inputs = _mha_inputs(case, seed + i)
-            expected = reference(*inputs[:3])
-            torch_output, _ = torch_mha(
-                inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4],
-                need_weights=False,
-            )
-            for device, dtype in grid():
-                learner.to(dtype=dtype, device=device)
-                copy_weights(name, learner, reference, CONTRACT)
-                _check_mha_case(name, learner, reference, case, inputs[:3], expected, torch_output, dtype, device)
-                count += 1
+
+    def check_case(i: int, case: MHACase, device, dtype) -> None:
+        torch_mha, reference = _modules(case, seed + i)
+        args = (case.d_model, case.n_heads) + ((True,) if case.bias else ())  # bias=False by default
+        learner = construct(name, MultiHeadAttention, *args)
+        _expect_contract_parameters(name, learner, case)
+        learner.to(dtype=dtype, device=device)
+        copy_weights(name, learner, reference, CONTRACT)
+        _check_mha_case(name, learner, reference, torch_mha, case, _mha_inputs(case, seed + i), dtype, device)
+
+    def device_agnostic() -> None:
         masked = next(c for c in cases if c.mask is not None)
         learner = construct(name, MultiHeadAttention, masked.d_model, masked.n_heads).to("meta")
         expect_device_agnostic(name, learner, _mha_inputs(masked, seed)[:3])
-    passed(name, count)
+
+    with strict_numerics(), torch.no_grad():
+        run_cases(name, cases, check_case, after=device_agnostic)
 
 
-def _check_mha_case(name, learner, reference, case, inputs64, expected, torch_output, dtype, device) -> None:
+def _check_mha_case(name, learner, reference, torch_mha, case, inputs, dtype, device) -> None:
+    """The learner's forward on ``inputs`` (``_mha_inputs``) against the reference's, then against torch's."""
+    inputs64 = inputs[:3]  # x, y and our mask
+    expected = reference(*inputs64)
+    torch_output, _ = torch_mha(
+        inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4], need_weights=False
+    )
     x, y, mask = (None if t is None else t.to(device) for t in inputs64)
     x, y = x.to(dtype), y.to(dtype)
     result = _forward(name, learner, case, x, y, mask)

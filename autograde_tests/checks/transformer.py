@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..reference import transformer as ref
-from ..reference.attention_variants import causal_mask, padding_mask
+from ..reference.attention_variants import padding_mask
 from ..toy_task import BOS, PAD, VOCAB, random_digits, reversal_batch, to_batch
 from ..remote.proxy import lend, make_beside, type_name
 from . import stand_ins
@@ -34,17 +34,15 @@ from .harness import (
     construct,
     copy_weights,
     default_dtype,
-    devices,
+    edited,
     expect_tensor,
-    expect_unchanged,
     fail,
-    grid,
-    key_mask,
     learner_step,
     name_the_mistake,
     one_thread,
     passed,
     randomise,
+    run_cases,
     strict_numerics,
 )
 from .how import expect_device_agnostic, kernel_reported
@@ -75,36 +73,39 @@ PE_HIDDEN = [(20, 12), (3, 2), (64, 32), (1, 6), (33, 10)]
 PE_HINT = "PE[pos, 2i] = sin(pos / 10000^(2i / d_model)) and PE[pos, 2i + 1] = cos(pos / 10000^(2i / d_model))."
 
 
-def _angles(max_len, d_model, exponent):
-    position = torch.arange(max_len, dtype=torch.float64)[:, None]
-    return position / 10000 ** (exponent / d_model)
+def _encoding(*changes: tuple[str, str]):
+    """The reference's positional_encoding with ``changes`` made to its source (``edited``), in float64: a
+    mistake."""
+    encoding = edited(ref.positional_encoding, *changes)
+
+    def compute(max_len: int, d_model: int) -> torch.Tensor:
+        with default_dtype(torch.float64):
+            return encoding(max_len, d_model)
+
+    return compute
 
 
-def _interleave(even, odd):
-    pe = torch.empty(even.size(0), even.size(1) + odd.size(1), dtype=torch.float64)
-    pe[:, 0::2], pe[:, 1::2] = even, odd
-    return pe
-
-
+SINES, COSINES = "pe[:, 0::2] = torch.sin(angle)", "pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])"
 PE_MISTAKES = [
     Mistake(
         "sin and cos are swapped: the even features should be sines and the odd ones cosines",
         PE_HINT,
-        lambda L, d: _interleave(*(f(_angles(L, d, torch.arange(0, d, 2.0))) for f in (torch.cos, torch.sin))),
+        _encoding((SINES, "pe[:, 0::2] = torch.cos(angle)"),
+                  (COSINES, "pe[:, 1::2] = torch.sin(angle[:, : d_model // 2])")),
     ),
     Mistake(
         "the exponent uses the feature index k instead of the pair index 2i = k - k % 2: the sine and the "
         "cosine of a pair should share one frequency",
         "compute one frequency per pair, from torch.arange(0, d_model, 2), and use it for both features.",
-        lambda L, d: torch.where(
-            torch.arange(d) % 2 == 0, torch.sin(_angles(L, d, torch.arange(d, dtype=torch.float64))),
-            torch.cos(_angles(L, d, torch.arange(d, dtype=torch.float64))),
-        ),
+        _encoding(("torch.arange(0, d_model, 2, dtype=torch.float64)", "torch.arange(d_model, dtype=torch.float64)"),
+                  (SINES, "pe[:, 0::2] = torch.sin(angle[:, 0::2])"),
+                  (COSINES, "pe[:, 1::2] = torch.cos(angle[:, 1::2])")),
     ),
     Mistake(
         "the sines fill the first half of the features and the cosines the second half; they should alternate",
         "assign pe[:, 0::2] = sin(...) and pe[:, 1::2] = cos(...).",
-        lambda L, d: torch.cat([f(_angles(L, d, torch.arange(0, d, 2.0))) for f in (torch.sin, torch.cos)], dim=1),
+        _encoding((SINES, "pe[:, : angle.size(1)] = torch.sin(angle)"),
+                  (COSINES, "pe[:, angle.size(1) :] = torch.cos(angle[:, : d_model // 2])")),
     ),
 ]
 
@@ -115,7 +116,7 @@ def check_positional_encoding(positional_encoding, hidden: bool = False) -> None
     cases = PE_HIDDEN if hidden else PE_VISIBLE
     count = 0
     with strict_numerics(), one_thread():
-        for dtype in DTYPES:
+        for dtype in DTYPES:  # not run_cases: the encoding takes no device, so it is made on the CPU alone
             for max_len, d_model in cases:
                 with default_dtype(torch.float64):
                     expected = ref.positional_encoding(max_len, d_model)
@@ -188,113 +189,93 @@ def _reference_layer(cls, case: LayerCase, seed: int):
     return randomise(layer, Inputs(seed + 500)).eval()
 
 
-def _connect(layer, i, x, f, norm_first):
-    """Sublayer i of ``layer`` around ``f``, Post-LN or Pre-LN."""
-    norm = layer.sublayers[i].norm
-    return x + f(norm(x)) if norm_first else norm(x + f(x))
+def _encoder(*changes: tuple[str, str], **names):
+    """The reference EncoderLayer's forward with ``changes`` made to its source and ``names`` in place of the
+    module's (``edited``), called (layer, x, padding_mask): a mistake."""
+    return edited(ref.EncoderLayer.forward, *changes, **names)
 
 
-def _encoder(layer, x, mask, norm_first):
-    """The reference encoder layer with the attention mask (broadcastable to (B, h, S, S)) given whole."""
-    x = _connect(layer, 0, x, lambda h: layer.self_attn(h, h, mask)[0], norm_first)
-    return _connect(layer, 1, x, layer.ffn, norm_first)
+def _decoder(*changes: tuple[str, str], **names):
+    """The reference DecoderLayer's forward with ``changes`` made to its source and ``names`` in place of the
+    module's (``edited``), called (layer, x, memory, tgt_padding_mask, memory_padding_mask): a mistake."""
+    return edited(ref.DecoderLayer.forward, *changes, **names)
 
 
-def _decoder(layer, x, memory, self_mask, cross_mask, norm_first, own_states=False):
-    """The reference decoder layer with both attention masks given whole; ``own_states`` makes the
-    cross-attention read the decoder's states instead of the memory."""
-    x = _connect(layer, 0, x, lambda h: layer.self_attn(h, h, self_mask)[0], norm_first)
-    x = _connect(layer, 1, x, lambda h: layer.cross_attn(h, h if own_states else memory, cross_mask)[0], norm_first)
-    return _connect(layer, 2, x, layer.ffn, norm_first)
+def _placements_swapped(sublayers: int) -> tuple[tuple[str, str], ...]:
+    """Edits that run each of a layer's ``sublayers`` SublayerConnections with the other placement."""
+    return tuple((f"self.sublayers[{i}](", f"swapped(self.sublayers[{i}], ") for i in range(sublayers))
 
 
-def _and(a, b):
-    if a is None:
-        return b
-    return a if b is None else a & b
-
-
+# A SublayerConnection's forward with Pre-LN and Post-LN swapped, called (sublayer, x, f).
+SWAPPED = edited(ref.SublayerConnection.forward, ("if self.norm_first:", "if not self.norm_first:"))
 SWAPPED_LN = (
     "Pre-LN and Post-LN swapped: norm_first=False (the paper's Post-LN) must compute norm(x + sublayer(x)), "
     "norm_first=True (Pre-LN) x + sublayer(norm(x))",
     "pass norm_first on to every SublayerConnection(d_model, dropout, norm_first).",
 )
 
+KEY_MASK = "padding_mask[:, None, None, :]"
 ENCODER_MISTAKES = [
     Mistake(
         "the padding mask is ignored: padding tokens are attended to as if they were words",
         "turn padding_mask (B, S) into a key mask (B, 1, 1, S) and pass it to the self-attention.",
-        lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, None, nf),
+        _encoder(("self.self_attn(h, h, mask)", "self.self_attn(h, h, None)")),
     ),
     Mistake(
         "padding mask polarity inverted: the real tokens are hidden and the padding is attended to",
         "a padding mask is True for real tokens, and True means 'may attend': use it as it is.",
-        lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, key_mask(~mask), nf),
+        _encoder((KEY_MASK, "~" + KEY_MASK)),
     ),
     Mistake(
         "the padding mask is applied on the query axis instead of the key axis",
         "hide padded keys from every query: padding_mask[:, None, None, :], shape (B, 1, 1, S).",
-        lambda layer, x, mask, nf: None if mask is None else _encoder(layer, x, mask[:, None, :, None], nf),
+        _encoder((KEY_MASK, "padding_mask[:, None, :, None]")),
     ),
-    Mistake(*SWAPPED_LN, lambda layer, x, mask, nf: _encoder(layer, x, key_mask(mask), not nf)),
+    Mistake(*SWAPPED_LN, _encoder(*_placements_swapped(2), swapped=SWAPPED)),
 ]
 
-
-def _self_mask(tgt_mask, T, causal=None):
-    causal = causal_mask(T) if causal is None else causal
-    return _and(causal, key_mask(tgt_mask))
-
-
+CAUSAL = "causal_mask(x.size(1), device=x.device)"
+TGT_KEYS, MEMORY_KEYS = "& tgt_padding_mask[:, None, None, :]", "else memory_padding_mask[:, None, None, :]"
 DECODER_MISTAKES = [
     Mistake(
         "decoder self-attention without the causal mask: each target position sees the future tokens",
         "combine causal_mask(T, device=x.device) with the target padding mask for the self-attention.",
-        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, key_mask(tm), key_mask(mm), nf),
+        _decoder((CAUSAL, "torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device)")),
     ),
     Mistake(
         "the causal mask is transposed: each position sees the future and not the past",
         "True on and below the diagonal: position t may attend to positions 0 .. t (causal_mask does this).",
-        lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).T), key_mask(mm), nf
-        ),
+        _decoder((CAUSAL, CAUSAL + ".T")),
     ),
     Mistake(
         "the causal mask excludes the diagonal: a position cannot see its own token",
         "keep the diagonal: torch.ones(T, T).tril() (or causal_mask(T)), not tril(-1).",
-        lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1), causal_mask(x.size(1)).tril(-1)), key_mask(mm), nf
-        ),
+        _decoder((CAUSAL, CAUSAL + ".tril(-1)")),
     ),
     Mistake(
         "cross-attention attends to the decoder's own states instead of the encoder output (the memory)",
         "queries from the decoder, keys and values from the memory: self.cross_attn(h, memory, mask).",
-        lambda layer, x, mem, tm, mm, nf: _decoder(
-            layer, x, mem, _self_mask(tm, x.size(1)), key_mask(mm), nf, own_states=True
-        ),
+        _decoder(("self.cross_attn(h, memory, cross_mask)", "self.cross_attn(h, h, cross_mask)")),
     ),
     Mistake(
         "the cross-attention ignores the memory padding mask: the decoder attends to the source's padding",
         "pass memory_padding_mask, as a (B, 1, 1, S) key mask, to the cross-attention.",
-        lambda layer, x, mem, tm, mm, nf: None if mm is None else _decoder(layer, x, mem, _self_mask(tm, x.size(1)), None, nf),
+        _decoder((MEMORY_KEYS, "else None")),
     ),
     Mistake(
         "the self-attention ignores the target padding mask (only the causal mask is applied)",
         "combine the causal mask with tgt_padding_mask[:, None, None, :] (both must allow a key).",
-        lambda layer, x, mem, tm, mm, nf: None if tm is None else _decoder(
-            layer, x, mem, causal_mask(x.size(1)), key_mask(mm), nf
-        ),
+        _decoder((" " + TGT_KEYS, "")),
     ),
     Mistake(
         "the two padding masks are swapped: the target's is used on the memory and the memory's on the target",
         "tgt_padding_mask goes with the self-attention, memory_padding_mask with the cross-attention.",
-        lambda layer, x, mem, tm, mm, nf: None if tm is None else _decoder(
-            layer, x, mem, _self_mask(mm, x.size(1)), key_mask(tm), nf
-        ),
+        # Never computed on the check's cases: S != T wherever there are masks, so the swapped ones cannot
+        # broadcast (and the learner's layer raises instead).
+        _decoder((TGT_KEYS, "& memory_padding_mask[:, None, None, :]"),
+                 (MEMORY_KEYS, "else tgt_padding_mask[:, None, None, :]")),
     ),
-    Mistake(
-        *SWAPPED_LN,
-        lambda layer, x, mem, tm, mm, nf: _decoder(layer, x, mem, _self_mask(tm, x.size(1)), key_mask(mm), not nf),
-    ),
+    Mistake(*SWAPPED_LN, _decoder(*_placements_swapped(3), swapped=SWAPPED)),
 ]
 
 ENCODER_HINT = (
@@ -330,33 +311,6 @@ def _strip(args: tuple) -> tuple:
     return args
 
 
-def _check_layer(name, Layer, reference_cls, case: LayerCase, seed: int, hint: str, arguments: Callable, mistakes):
-    """Shared by the two layer checks. ``arguments(inputs)`` picks the layer's arguments from the case's
-    inputs; the reference and every mistake are computed on the float64 CPU ones."""
-    reference = _reference_layer(reference_cls, case, seed)
-    args64 = arguments(_layer_inputs(case, seed))
-    with torch.no_grad():
-        expected = reference(*args64)
-    count = 0
-    for device, dtype in grid():
-        learner = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, case.dropout, case.norm_first)
-        _expect_layer_parameters(name, learner.to(device=device, dtype=dtype), reference, hint)
-        args = _to(args64, device, dtype)
-        before = {f"argument {i}": (t, t.clone()) for i, t in enumerate(args) if t is not None}
-        with torch.no_grad():
-            out = call(name, learner, *_strip(args))
-            expect_tensor(name, "the output", out, expected.shape, like=args[0])
-            expect_unchanged(name, before)
-            if not close(call(name, learner, *_strip(args)), out):
-                fail(name, *DROPOUT_IN_EVAL)
-        if not close(out, expected):
-            placement = "Pre-LN" if case.norm_first else "Post-LN"
-            made = candidates(mistakes, reference, *args64, case.norm_first)
-            name_the_mistake(name, f"the {placement} output", out, expected, made)
-        count += 1
-    return count
-
-
 def _encoder_arguments(inputs):
     _, memory, _, memory_mask = inputs  # the encoder reads the source side: x (B, S, d), mask (B, S)
     return memory, memory_mask
@@ -374,17 +328,37 @@ def check_decoder_layer(DecoderLayer, hidden: bool = False) -> None:
                        DECODER_HINT, tuple, DECODER_MISTAKES)
 
 
-def _check_layer_class(name, Layer, Reference, seed, hidden, hint, arguments, mistakes) -> None:
-    """Every case of ``_check_layer``, then the meta-device probe on a padded case."""
+def _check_layer_class(name, Layer, Reference, seed, hidden, hint, arguments: Callable, mistakes) -> None:
+    """Shared by the two layer checks: every case, then the meta-device probe on a padded case.
+    ``arguments(inputs)`` picks the layer's arguments from the case's inputs; the reference and every mistake
+    are computed on the float64 CPU ones."""
     cases = HIDDEN_LAYER if hidden else VISIBLE_LAYER
-    count = 0
-    with strict_numerics(), one_thread():
-        for i, case in enumerate(cases):
-            count += _check_layer(name, Layer, Reference, case, seed + i, hint, arguments, mistakes)
+
+    def check_case(i: int, case: LayerCase, device, dtype) -> None:
+        reference = _reference_layer(Reference, case, seed + i)
+        args64 = arguments(_layer_inputs(case, seed + i))
+        with torch.no_grad():
+            expected = reference(*args64)
+        learner = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, case.dropout, case.norm_first)
+        _expect_layer_parameters(name, learner.to(device=device, dtype=dtype), reference, hint)
+        args = _to(args64, device, dtype)
+        with torch.no_grad():
+            out = call(name, learner, *_strip(args))
+            expect_tensor(name, "the output", out, expected.shape, like=args[0])
+            if not close(call(name, learner, *_strip(args)), out):
+                fail(name, *DROPOUT_IN_EVAL)
+        if not close(out, expected):
+            placement = "Pre-LN" if case.norm_first else "Post-LN"
+            made = candidates(mistakes, reference, *args64)
+            name_the_mistake(name, f"the {placement} output", out, expected, made)
+
+    def on_meta() -> None:
         case = next(c for c in cases if c.padded)
         module = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, 0.0, case.norm_first).double()
         expect_device_agnostic(name, copy.deepcopy(module).to("meta"), arguments(_layer_inputs(case, seed)))
-    passed(name, count)
+
+    with strict_numerics(), one_thread():
+        run_cases(name, cases, check_case, after=on_meta)
 
 
 # ------------------------------------------------------------------------------- Transformer
@@ -442,123 +416,120 @@ def _reference_model(case: ModelCase, seed: int) -> ref.Transformer:
     return randomise(model, Inputs(seed + 500)).eval()
 
 
-# The reference model's pieces, recombined: each keyword switches one mistake on.
-def _embed(model, tokens, table, how="right"):
-    e, pe, root = table(tokens), model.pe, math.sqrt(model.d_model)
-    B, T = tokens.shape
-    return {
-        "right": lambda: e * root + pe[:T],
-        "unscaled": lambda: e + pe[:T],
-        "by_batch": lambda: e * root + pe[:B, None, :],
-        "no_pe": lambda: e * root,
-        "pe_twice": lambda: e * root + 2 * pe[:T],
-        "scaled_after": lambda: (e + pe[:T]) * root,
-    }[how]()
+def _embedding(*changes: tuple[str, str]):
+    """The reference Transformer's embed with ``changes`` made to its source (``edited``), called (model,
+    tokens, embedding)."""
+    return edited(ref.Transformer.embed, *changes)
 
 
-def _final(norm, x, extra_norm):
-    if norm is not None:
-        return norm(x)
-    return nn.functional.layer_norm(x, x.shape[-1:]) if extra_norm else x
+def _encode(*changes: tuple[str, str], **names):
+    """The reference Transformer's encode with ``changes`` made to its source and ``names`` in place of the
+    module's (``edited``), called (model, src, src_padding_mask): a mistake."""
+    return edited(ref.Transformer.encode, *changes, **names)
 
 
-def _encode(model, src, src_mask, how="right", pass_mask=True, extra_norm=False):
-    x = _embed(model, src, model.src_embed, how)
-    for layer in model.encoder_layers:
-        x = layer(x, src_mask if pass_mask else None)
-    return _final(model.encoder_norm, x, extra_norm)
+def _decode(*changes: tuple[str, str], **names):
+    """The reference Transformer's decode, edited (``edited``), called (model, tgt, memory, tgt_padding_mask,
+    src_padding_mask): a mistake."""
+    return edited(ref.Transformer.decode, *changes, **names)
 
 
-def _decode(
-    model, tgt, memory, tgt_mask, src_mask, how="right", table=None, own_states=False, pass_src_mask=True,
-    pass_tgt_mask=True, extra_norm=False,
-):
-    x = _embed(model, tgt, table or model.tgt_embed, how)
-    for layer in model.decoder_layers:
-        memory_mask = src_mask if pass_src_mask else None
-        if own_states:  # the decoder's states in the memory slot, with the mask that fits them, or none
-            memory, memory_mask = x, (tgt_mask if own_states == "masked" else None)
-        x = layer(x, memory, tgt_mask if pass_tgt_mask else None, memory_mask)
-    return model.head(_final(model.decoder_norm, x, extra_norm))
+def _forward(*changes: tuple[str, str]):
+    """The reference Transformer's forward, edited (``edited``), called (model, src, tgt, src_padding_mask,
+    tgt_padding_mask): a mistake."""
+    return edited(ref.Transformer.forward, *changes)
 
 
+EMBEDDED = ("self.embed(", "embed(self, ")  # encode or decode with an ``_embedding`` mistake as ``embed``
+SCALED, PE = "embedding(tokens) * math.sqrt(self.d_model)", "x + self.pe[: tokens.size(1)]"
 EMBEDDING_MISTAKES = [
-    ("unscaled", "token embeddings not scaled by sqrt(d_model) before the positional encoding is added",
-     "multiply embedding(tokens) by math.sqrt(d_model), then add the positional encoding."),
-    ("by_batch", "positional encoding indexed by batch instead of position: sequence b got PE[b] at every "
+    ("token embeddings not scaled by sqrt(d_model) before the positional encoding is added",
+     "multiply embedding(tokens) by math.sqrt(d_model), then add the positional encoding.",
+     _embedding((SCALED, "embedding(tokens)"))),
+    ("positional encoding indexed by batch instead of position: sequence b got PE[b] at every "
      "position (pe[:x.size(0)] on a batch-first tensor)",
-     "the positions are axis 1 of (B, T, d_model): add pe[:T], which broadcasts over the batch."),
-    ("no_pe", "the positional encoding is not added: without it attention cannot tell the positions apart",
-     "add pe[:T] (T = tokens.size(1)) to the scaled embeddings."),
-    ("pe_twice", "the positional encoding is added twice",
-     "add it once, in one place (for example a helper that both encode and decode call)."),
-    ("scaled_after", "the positional encoding is added before the sqrt(d_model) scale, so it was scaled too",
-     "scale the embeddings first, then add the positional encoding: embedding(tokens) * sqrt(d_model) + pe[:T]."),
+     "the positions are axis 1 of (B, T, d_model): add pe[:T], which broadcasts over the batch.",
+     _embedding((PE, "x + self.pe[: tokens.size(0), None, :]"))),
+    ("the positional encoding is not added: without it attention cannot tell the positions apart",
+     "add pe[:T] (T = tokens.size(1)) to the scaled embeddings.",
+     _embedding((PE, "x"))),
+    ("the positional encoding is added twice",
+     "add it once, in one place (for example a helper that both encode and decode call).",
+     _embedding((PE, "x + 2 * self.pe[: tokens.size(1)]"))),
+    ("the positional encoding is added before the sqrt(d_model) scale, so it was scaled too",
+     "scale the embeddings first, then add the positional encoding: embedding(tokens) * sqrt(d_model) + pe[:T].",
+     _embedding((SCALED, "embedding(tokens)"), (PE, f"({PE}) * math.sqrt(self.d_model)"))),
 ]
 DUPLICATE_NORM = (
     "a duplicate final LayerNorm on a Post-LN stack: each Post-LN layer already ends with a LayerNorm",
     "only Pre-LN stacks end with a final LayerNorm (their last residual sum was never normalised); "
     "for norm_first=False set encoder_norm = decoder_norm = None and skip them.",
 )
+LAYER_NORM = "nn.functional.layer_norm(x, x.shape[-1:])"  # a duplicate norm has no weights of its own
 
 ENCODE_MISTAKES = [
-    Mistake(problem, hint, lambda model, src, mask, how=how: _encode(model, src, mask, how))
-    for how, problem, hint in EMBEDDING_MISTAKES
+    Mistake(problem, hint, _encode(EMBEDDED, embed=embedding)) for problem, hint, embedding in EMBEDDING_MISTAKES
 ] + [
     Mistake(
         "the encoder layers do not get src_padding_mask: the source's padding is attended to",
         "call every encoder layer as layer(x, src_padding_mask).",
-        lambda model, src, mask: _encode(model, src, mask, pass_mask=False),
+        _encode(("layer(x, src_padding_mask)", "layer(x)")),
     ),
-    Mistake(*DUPLICATE_NORM, lambda model, src, mask: _encode(model, src, mask, extra_norm=True)),
+    Mistake(*DUPLICATE_NORM, _encode(("return x if", f"return {LAYER_NORM} if"))),
 ]
+DECODER_LAYERS = "layer(x, memory, tgt_padding_mask, src_padding_mask)"
 DECODE_MISTAKES = [
-    Mistake(problem, hint, lambda model, tgt, mem, tm, sm, how=how: _decode(model, tgt, mem, tm, sm, how))
-    for how, problem, hint in EMBEDDING_MISTAKES
+    Mistake(problem, hint, _decode(EMBEDDED, embed=embedding)) for problem, hint, embedding in EMBEDDING_MISTAKES
 ] + [
     Mistake(
         "decoder fed the source embeddings: the target tokens were looked up in src_embed",
         "decode embeds the target tokens with tgt_embed; src_embed belongs to encode.",
-        lambda model, tgt, mem, tm, sm: _decode(model, tgt, mem, tm, sm, table=model.src_embed),
+        _decode(("self.embed(tgt, self.tgt_embed)", "self.embed(tgt, self.src_embed)")),
     ),
 ] + [
     Mistake(
         "cross-attention attending to the decoder's own states instead of the encoder output: each decoder "
         "layer was given x as its memory",
         "call every decoder layer as layer(x, memory, tgt_padding_mask, src_padding_mask).",
-        lambda model, tgt, mem, tm, sm, own=own: _decode(model, tgt, mem, tm, sm, own_states=own),
+        _decode((DECODER_LAYERS, f"layer(x, x, tgt_padding_mask, {memory_mask})")),
     )
-    for own in ("unmasked", "masked")
+    for memory_mask in ("None", "tgt_padding_mask")  # the mask that fits the states given, or none
 ] + [
     Mistake(
         "the decoder layers do not get src_padding_mask: the cross-attention attends to the source's padding",
         "pass src_padding_mask to every decoder layer, as its memory_padding_mask.",
-        lambda model, tgt, mem, tm, sm: _decode(model, tgt, mem, tm, sm, pass_src_mask=False),
+        _decode((DECODER_LAYERS, "layer(x, memory, tgt_padding_mask, None)")),
     ),
     Mistake(
         "the decoder layers do not get tgt_padding_mask",
         "pass tgt_padding_mask to every decoder layer.",
-        lambda model, tgt, mem, tm, sm: _decode(model, tgt, mem, tm, sm, pass_tgt_mask=False),
+        _decode((DECODER_LAYERS, "layer(x, memory, None, src_padding_mask)")),
     ),
-    Mistake(*DUPLICATE_NORM, lambda model, tgt, mem, tm, sm: _decode(model, tgt, mem, tm, sm, extra_norm=True)),
+    Mistake(
+        *DUPLICATE_NORM,
+        _decode(("self.head(x)", f"self.head(x if self.decoder_norm is not None else {LAYER_NORM})")),
+    ),
 ]
+DECODE_CALL = "self.decode(tgt, memory, tgt_padding_mask, src_padding_mask)"
 FORWARD_MISTAKES = [
     Mistake(
         "forward passes the padding masks the wrong way round",
         "the contract's order is forward(src, tgt, src_padding_mask, tgt_padding_mask); encode takes "
         "src_padding_mask, decode takes (tgt, memory, tgt_padding_mask, src_padding_mask).",
-        lambda model, src, tgt, sm, tm: model.decode(tgt, model.encode(src, sm), sm, tm),
+        # Never computed on the check's cases (S != T: the swapped masks cannot broadcast); the learner's forward
+        # raises instead, and the check's message then asks whether the masks are the wrong way round.
+        _forward((DECODE_CALL, "self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)")),
     ),
     Mistake(
         "forward does not pass src_padding_mask on to decode, so the cross-attention sees the source's padding",
         "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
         "src_padding_mask).",
-        lambda model, src, tgt, sm, tm: model.decode(tgt, model.encode(src, sm), tm, None),
+        _forward((DECODE_CALL, "self.decode(tgt, memory, tgt_padding_mask, None)")),
     ),
     Mistake(
         "forward does not pass src_padding_mask on to encode",
         "memory = self.encode(src, src_padding_mask).",
-        lambda model, src, tgt, sm, tm: model.decode(tgt, model.encode(src, None), tm, sm),
+        _forward(("self.encode(src, src_padding_mask)", "self.encode(src)")),
     ),
 ]
 
@@ -611,30 +582,41 @@ def check_transformer(Transformer, hidden: bool = False) -> None:
     name = "Transformer"
     cases = HIDDEN_MODEL if hidden else VISIBLE_MODEL
     seed = 5400 if hidden else 540
-    count = 0
-    with strict_numerics(), one_thread():
-        for i, case in enumerate(cases):
-            reference = _reference_model(case, seed + i)
+
+    def check_case(i: int, case: ModelCase, device, dtype) -> None:
+        reference, learner64 = _reference_and_learner(name, Transformer, case, seed + i)
+        states = _stand_in_states(case, seed + i)
+        swapped = _with_stand_in_layers(copy.deepcopy(reference), states)
+        model = _with_stand_in_layers(_learner_copy(name, learner64, reference, device, dtype), states)
+        with default_dtype(dtype):
+            _check_model_case(name, model.to(device=device, dtype=dtype), swapped, _model_inputs(case, seed + i),
+                              device, dtype)
+
+    def properties_devices_and_learning() -> None:
+        for i, case in enumerate(cases):  # on the learner's own layers, in float64 on the CPU
+            reference, learner64 = _reference_and_learner(name, Transformer, case, seed + i)
             with default_dtype(torch.float64):
-                learner64 = construct(name, Transformer, *_model_args(case), norm_first=case.norm_first)
-            _expect_model_parameters(name, learner64, reference, case)
-            inputs64 = _model_inputs(case, seed + i)
-            states = _stand_in_states(case, seed + i)
-            swapped = _with_stand_in_layers(copy.deepcopy(reference), states)
-            for device, dtype in grid():
-                model = _with_stand_in_layers(_learner_copy(name, learner64, reference, device, dtype), states)
-                with default_dtype(dtype):
-                    _check_model_case(name, model.to(device=device, dtype=dtype), swapped, inputs64, device, dtype)
-                count += 1
-            with default_dtype(torch.float64):
-                _expect_properties(name, _learner_copy(name, learner64, reference, "cpu", torch.float64), inputs64)
+                model = _learner_copy(name, learner64, reference, "cpu", torch.float64)
+                _expect_properties(name, model, _model_inputs(case, seed + i))
         case = cases[0]
         with default_dtype(torch.float64):
             learner64 = construct(name, Transformer, *_model_args(case), norm_first=case.norm_first)
             expect_device_agnostic(name, copy.deepcopy(learner64).to("meta"), _model_inputs(case, seed))
         if not hidden:  # once per graded cell: training is the slow part, and the hidden run adds nothing to it
             _expect_it_learns(name, Transformer, seed, norm_first=False)
-    passed(name, count)
+
+    with strict_numerics(), one_thread():
+        run_cases(name, cases, check_case, after=properties_devices_and_learning)
+
+
+def _reference_and_learner(name, Transformer, case: ModelCase, seed: int) -> tuple[ref.Transformer, nn.Module]:
+    """The case's reference model and the learner's, built in float64, its parameters judged (the final norms
+    by name)."""
+    reference = _reference_model(case, seed)
+    with default_dtype(torch.float64):
+        learner64 = construct(name, Transformer, *_model_args(case), norm_first=case.norm_first)
+    _expect_model_parameters(name, learner64, reference, case)
+    return reference, learner64
 
 
 def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
@@ -664,7 +646,6 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
             made = candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
             name_the_mistake(f"{name}.decode", "the logits" + SWAPPED_LAYERS, logits, logits64, made)
 
-        before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
         try:
             logits = call(name, model, src, tgt, src_mask, tgt_mask)
         except AssertionError as error:
@@ -684,7 +665,6 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
                 "forward encodes src and decodes tgt: self.decode(tgt, self.encode(src, ...), ...).",
             )
         expect_tensor(name, "the logits", logits, logits64.shape, like=like)
-        expect_unchanged(name, before)
         if not close(logits, logits64):
             made = candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
             name_the_mistake(name, "the logits of forward" + SWAPPED_LAYERS, logits, logits64, made)
@@ -830,52 +810,49 @@ def _stand_in_model(vocab: int, d_model: int, seed: int) -> nn.Module:
     return stand_ins.stand_in_model(randomise(stand_ins.StandInModel(vocab, d_model).double(), Inputs(seed)).state_dict())
 
 
-def _cross_entropy(logits, labels, ignore_pads=True):
-    return nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=PAD if ignore_pads else -100)
+def _loss(*changes: tuple[str, str]):
+    """The reference's teacher_forcing_loss with ``changes`` made to its source (``edited``), called (model,
+    src, tgt) with the toy task's PAD: a mistake."""
+    loss = edited(ref.teacher_forcing_loss, *changes)
+    return lambda model, src, tgt: loss(model, src, tgt, PAD)
 
 
-def _per_sequence_mean(logits, labels):
-    losses = nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=PAD, reduction="none")
-    real = labels != PAD
-    return ((losses * real).sum(1) / real.sum(1)).mean()
-
-
-def _forced(model, src, decoder_input, src_mask=True):
-    return model(src, decoder_input, src != PAD if src_mask else None, decoder_input != PAD)
-
-
+SHIFTED = "decoder_input, labels = tgt[:, :-1], tgt[:, 1:]"
+CROSS_ENTROPY = "nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad_id)"
 LOSS_MISTAKES = [
     Mistake(
         "targets not shifted right for teacher forcing: the decoder reads the very token it must predict",
         "the decoder reads tgt[:, :-1] (starting with BOS) and is scored on tgt[:, 1:]: at position t it has "
         "seen tokens 0 .. t and predicts token t + 1.",
-        lambda model, src, tgt: _cross_entropy(_forced(model, src, tgt), tgt),
+        _loss((SHIFTED, "decoder_input, labels = tgt, tgt")),
     ),
     Mistake(
         "targets not shifted right for teacher forcing: the labels are tgt[:, :-1], the same tokens the decoder "
         "reads, so the model is asked to copy what it sees",
         "the labels are the next tokens: tgt[:, 1:].",
-        lambda model, src, tgt: _cross_entropy(_forced(model, src, tgt[:, :-1]), tgt[:, :-1]),
+        _loss((SHIFTED, "decoder_input, labels = tgt[:, :-1], tgt[:, :-1]")),
     ),
     Mistake(
         "the shift goes the wrong way: the decoder reads tgt[:, 1:] and is scored on tgt[:, :-1]",
         "decoder input tgt[:, :-1], labels tgt[:, 1:].",
-        lambda model, src, tgt: _cross_entropy(_forced(model, src, tgt[:, 1:]), tgt[:, :-1]),
+        _loss((SHIFTED, "decoder_input, labels = tgt[:, 1:], tgt[:, :-1]")),
     ),
     Mistake(
         "the padding positions are counted in the loss",
         "pass ignore_index=pad_id to F.cross_entropy, so that padded labels count for nothing.",
-        lambda model, src, tgt: _cross_entropy(_forced(model, src, tgt[:, :-1]), tgt[:, 1:], ignore_pads=False),
+        _loss((", ignore_index=pad_id)", ")")),
     ),
     Mistake(
         "the source padding mask is not passed to the model, so it attends to the source's padding",
         "call model(src, decoder_input, src != pad_id, decoder_input != pad_id).",
-        lambda model, src, tgt: _cross_entropy(_forced(model, src, tgt[:, :-1], src_mask=False), tgt[:, 1:]),
+        _loss(("model(src, decoder_input, src != pad_id,", "model(src, decoder_input, None,")),
     ),
     Mistake(
         "the loss is averaged per sequence, then over the batch: short sequences weigh as much as long ones",
         "take the mean over all real target tokens of the batch (F.cross_entropy's default with ignore_index).",
-        lambda model, src, tgt: _per_sequence_mean(_forced(model, src, tgt[:, :-1]), tgt[:, 1:]),
+        # reduction="none" gives the ignored labels a loss of 0: each row's sum is over its real tokens
+        _loss((CROSS_ENTROPY, '(nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad_id, '
+                              'reduction="none").sum(1) / (labels != pad_id).sum(1)).mean()')),
     ),
 ]
 
@@ -885,34 +862,28 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
     name = "teacher_forcing_loss"
     cases = HIDDEN_DATA if hidden else VISIBLE_DATA
     seed = 5500 if hidden else 550
-    count = 0
+
+    def check_case(i: int, case: DataCase, device, dtype) -> None:
+        reference = _stand_in_model(13, 16, seed + i + 500)
+        src64, tgt64 = reversal_batch(Inputs(seed + i).generator, case.batch, case.min_len, case.max_len)
+        with torch.no_grad():
+            expected = ref.teacher_forcing_loss(reference, src64, tgt64, PAD)
+        model = lend(teacher_forcing_loss, copy.deepcopy(reference).to(device=device, dtype=dtype),
+                     "forward", "encode", "decode")
+        loss = call(name, teacher_forcing_loss, model, src64.to(device), tgt64.to(device), PAD)
+        expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
+        if not loss.requires_grad:
+            fail(
+                name,
+                "the loss is detached from the model: nothing could be trained with it",
+                "return the tensor itself: no .item(), .detach() or torch.no_grad().",
+            )
+        loss = loss.detach()
+        if not close(loss, expected):
+            name_the_mistake(name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, src64, tgt64))
+
     with strict_numerics(), one_thread():
-        for i, case in enumerate(cases):
-            reference = _stand_in_model(13, 16, seed + i + 500)
-            src64, tgt64 = reversal_batch(Inputs(seed + i).generator, case.batch, case.min_len, case.max_len)
-            with torch.no_grad():
-                expected = ref.teacher_forcing_loss(reference, src64, tgt64, PAD)
-            for device, dtype in grid():
-                model = lend(teacher_forcing_loss, copy.deepcopy(reference).to(device=device, dtype=dtype),
-                             "forward", "encode", "decode")
-                src, tgt = src64.to(device), tgt64.to(device)
-                before = {"src": (src, src.clone()), "tgt": (tgt, tgt.clone())}
-                loss = call(name, teacher_forcing_loss, model, src, tgt, PAD)
-                expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
-                expect_unchanged(name, before)
-                if not loss.requires_grad:
-                    fail(
-                        name,
-                        "the loss is detached from the model: nothing could be trained with it",
-                        "return the tensor itself: no .item(), .detach() or torch.no_grad().",
-                    )
-                loss = loss.detach()
-                if not close(loss, expected):
-                    name_the_mistake(
-                        name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, src64, tgt64)
-                    )
-                count += 1
-    passed(name, count)
+        run_cases(name, cases, check_case)
 
 
 # ------------------------------------------------------------------------------- greedy_decode
@@ -954,41 +925,34 @@ def decode_inputs(case: DecodeCase):
     return src, padding_mask(_lengths(draw, case.batch, case.src_len), case.src_len)
 
 
-def _greedy(model, src, max_len, bos, eos, mask, position=-1, pad_after_eos=True, stop_when=torch.all):
-    """Greedy decoding with one thing changed: which logits, whether ended rows are padded, when to stop."""
-    memory = model.encode(src, mask)
-    ys = torch.full((src.size(0), 1), bos, dtype=torch.long)
-    done = torch.zeros(src.size(0), dtype=torch.bool)
-    while ys.size(1) < max_len and not stop_when(done):
-        token = model.decode(ys, memory, src_padding_mask=mask)[:, position].argmax(-1)
-        if pad_after_eos:
-            token = torch.where(done, eos, token)
-        ys = torch.cat([ys, token[:, None]], dim=1)
-        done = done | (token == eos)
-    return ys
+def _greedy(*changes: tuple[str, str]):
+    """The reference's greedy_decode with ``changes`` made to its source (``edited``): a mistake (with no
+    change, the reference's decoding itself)."""
+    return edited(ref.greedy_decode, *changes)
 
 
 GREEDY_MISTAKES = [
     Mistake(
         "after a sequence emitted eos_id it kept generating tokens; it should be padded with eos_id",
         "keep a (B,) bool tensor `done`; once a sequence is done, append eos_id to it instead of its argmax.",
-        lambda model, src, L, bos, eos, mask: _greedy(model, src, L, bos, eos, mask, pad_after_eos=False),
+        _greedy(("next_token = torch.where(done, eos_id, next_token)", "")),
     ),
     Mistake(
         "decoding stopped as soon as one sequence ended; it must go on until every sequence has emitted eos_id",
         "stop when done.all() (or at max_len), not done.any().",
-        lambda model, src, L, bos, eos, mask: _greedy(model, src, L, bos, eos, mask, stop_when=torch.any),
+        _greedy(("not done.all()", "not done.any()")),
     ),
     Mistake(
         "the next token is read from the logits at the first position; it is the last position that predicts "
         "the token after the prefix",
         "next_token = logits[:, -1].argmax(dim=-1).",
-        lambda model, src, L, bos, eos, mask: _greedy(model, src, L, bos, eos, mask, position=0),
+        _greedy(("logits[:, -1]", "logits[:, 0]")),
     ),
     Mistake(
         "src_padding_mask is not used: the decoding attends to the source's padding",
         "pass src_padding_mask to model.encode and to every model.decode call.",
-        lambda model, src, L, bos, eos, mask: _greedy(model, src, L, bos, eos, None),
+        _greedy(("model.encode(src, src_padding_mask)", "model.encode(src)"),
+                ("model.decode(ys, memory, src_padding_mask=src_padding_mask)", "model.decode(ys, memory)")),
     ),
 ]
 
@@ -996,22 +960,17 @@ GREEDY_MISTAKES = [
 def check_greedy_decode(greedy_decode, hidden: bool = False) -> None:
     """Check a learner's ``greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None)``."""
     name = "greedy_decode"
-    cases = HIDDEN_DECODE if hidden else VISIBLE_DECODE
-    count = 0
-    with strict_numerics(), one_thread():
-        for case in cases:
-            reference = decoding_model(case)
-            src64, mask64 = decode_inputs(case)
-            expected = ref.greedy_decode(reference, src64, case.max_len, case.bos, case.eos, mask64)
-            for device in devices():
-                model = lend(greedy_decode, copy.deepcopy(reference).to(device), "forward", "encode", "decode")
-                src, mask = src64.to(device), mask64.to(device)
-                before = {"src": (src, src.clone())}
-                out = call(name, greedy_decode, model, src, case.max_len, case.bos, case.eos, mask)
-                expect_unchanged(name, before)
-                _expect_decoded(name, out, expected, case, device, reference, src64, mask64)
-                count += 1
-    passed(name, count, dtypes=(torch.float64,))
+
+    def check_case(_: int, case: DecodeCase, device, dtype) -> None:
+        reference = decoding_model(case)
+        src64, mask64 = decode_inputs(case)
+        expected = ref.greedy_decode(reference, src64, case.max_len, case.bos, case.eos, mask64)
+        model = lend(greedy_decode, copy.deepcopy(reference).to(device), "forward", "encode", "decode")
+        out = call(name, greedy_decode, model, src64.to(device), case.max_len, case.bos, case.eos, mask64.to(device))
+        _expect_decoded(name, out, expected, case, device, reference, src64, mask64)
+
+    with strict_numerics(), one_thread():  # token ids: the float64 model alone
+        run_cases(name, HIDDEN_DECODE if hidden else VISIBLE_DECODE, check_case, dtypes=(torch.float64,))
 
 
 def _expect_decoded(name, out, expected, case: DecodeCase, device, reference, src64, mask64) -> None:
@@ -1051,6 +1010,9 @@ def _expect_decoded(name, out, expected, case: DecodeCase, device, reference, sr
 
 
 def _matching_greedy_mistake(out, reference, src64, case: DecodeCase, mask64):
+    """The mistake whose tokens are ``out``'s, a shorter result padded with eos_id first, or None. Not
+    ``name_the_mistake``: token ids are compared exactly, after that padding, and when none matches the
+    check goes on to its own message about the tokens."""
     for mistake, result in candidates(GREEDY_MISTAKES, reference, src64, case.max_len, case.bos, case.eos, mask64):
         if result is None:
             continue

@@ -1,0 +1,60 @@
+"""Chapter 1's mistakes are edits of the reference (``harness.edited``) or the reference given another argument:
+each applies (the checks would not load otherwise) and computes something other than the reference on at least
+one of its check's own cases, in float64."""
+
+import pytest
+import torch
+
+from autograde_tests.checks import attention as checks
+from autograde_tests.checks.harness import candidates
+from autograde_tests.reference import attention as ref
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def shows(got, want) -> bool:
+    """A result a learner's could match (a finite tensor) that the reference's is not."""
+    return (isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all())
+            and (got.shape != want.shape or not torch.allclose(got, want, atol=1e-9)))
+
+
+def softmax_cases():
+    for seed, cases in ((0, checks.VISIBLE_SOFTMAX), (1000, checks.HIDDEN_SOFTMAX)):
+        for i, case in enumerate(cases):
+            yield case, checks._softmax_input(case, seed + i)
+
+
+def attention_cases():
+    for seed, cases in ((100, checks.VISIBLE_ATTENTION), (2000, checks.HIDDEN_ATTENTION)):
+        for i, case in enumerate(cases):
+            yield checks._attention_inputs(case, seed + i)
+
+
+def computed(mistake, inputs) -> list:
+    """The output and the weights the mistake computes on ``inputs``, None for each where it does not apply (as
+    the check sees it: ``candidates``)."""
+    return [result for part in (0, 1) for _, result in candidates([mistake], *inputs, part=part)]
+
+
+def test_each_softmax_over_another_axis_shows_on_its_case():
+    for case, x in softmax_cases():
+        mistakes = checks._wrong_axis_mistakes(x.dim(), case.dim)
+        assert len(mistakes) == x.dim() - 1
+        for mistake in mistakes:
+            assert shows(mistake.compute(x), ref.softmax(x, dim=case.dim)), (case, mistake.problem)
+
+
+@pytest.mark.parametrize("mistake", checks.MISTAKES, ids=lambda m: m.problem[:40])
+def test_an_attention_mistake_shows_on_the_checks_cases(mistake):
+    assert any(shows(got, want) for inputs in attention_cases()
+               for got, want in zip(computed(mistake, inputs), ref.scaled_dot_product_attention(*inputs)))
+
+
+def test_the_attention_mistakes_differ_from_each_other_on_the_checks_cases():
+    """Each is named when it matches: none may compute what another does on every case."""
+    results = [[computed(mistake, inputs) for inputs in attention_cases()] for mistake in checks.MISTAKES]
+    for a in range(len(results)):
+        for b in range(a + 1, len(results)):
+            pairs = [(x, y) for case_a, case_b in zip(results[a], results[b]) for x, y in zip(case_a, case_b)]
+            assert any(x is not None and y is not None and shows(x, y) for x, y in pairs), (
+                checks.MISTAKES[a].problem, checks.MISTAKES[b].problem)

@@ -1,0 +1,71 @@
+"""Chapter 2's mistakes are edits of the reference (``harness.edited``): each applies (the checks would not load
+otherwise) and computes something other than the reference on at least one of its check's own cases, in float64."""
+
+import pytest
+import torch
+
+from autograde_tests.checks import multi_head_attention as checks
+from autograde_tests.checks.harness import Inputs, candidates
+from autograde_tests.reference import multi_head_attention as ref
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def shows(got, want) -> bool:
+    """A result a learner's could match (a finite tensor) that the reference's is not."""
+    return (isinstance(got, torch.Tensor) and bool(torch.isfinite(got).all())
+            and (got.shape != want.shape or not torch.allclose(got, want, atol=1e-9)))
+
+
+def split_cases():
+    for seed, cases in ((300, checks.VISIBLE_HEADS), (3000, checks.HIDDEN_HEADS)):
+        for i, case in enumerate(cases):
+            yield Inputs(seed + i).randn(case.batch, case.length, case.n_heads * case.d_k), case.n_heads
+
+
+def merge_cases():
+    for seed, cases in ((310, checks.VISIBLE_HEADS), (3100, checks.HIDDEN_HEADS)):
+        for i, case in enumerate(cases):
+            yield (Inputs(seed + i).randn(case.batch, case.n_heads, case.length, case.d_k),)
+
+
+def mha_cases():
+    """The reference module and its (x, y, mask), as the check makes them."""
+    for seed, cases in ((320, checks.VISIBLE_MHA), (3200, checks.HIDDEN_MHA)):
+        for i, case in enumerate(cases):
+            _, reference = checks._modules(case, seed + i)
+            yield reference, *checks._mha_inputs(case, seed + i)[:3]
+
+
+def computed(mistake, args) -> list:
+    """The output and the weights the mistake computes on ``args``, None for each where it does not apply (as the
+    check sees it: ``candidates``)."""
+    return [result for part in (0, 1) for _, result in candidates([mistake], *args, part=part)]
+
+
+@pytest.mark.parametrize("mistake", checks.SPLIT_MISTAKES, ids=lambda m: m.problem[:40])
+def test_a_split_heads_mistake_shows_on_the_checks_cases(mistake):
+    assert any(shows(mistake.compute(*args), ref.split_heads(*args)) for args in split_cases())
+
+
+@pytest.mark.parametrize("mistake", checks.MERGE_MISTAKES, ids=lambda m: m.problem[:40])
+def test_a_merge_heads_mistake_shows_on_the_checks_cases(mistake):
+    assert any(shows(mistake.compute(*args), ref.merge_heads(*args)) for args in merge_cases())
+
+
+@pytest.mark.parametrize("mistake", checks.MHA_MISTAKES, ids=lambda m: m.problem[:40])
+def test_a_multi_head_attention_mistake_shows_on_the_checks_cases(mistake):
+    with torch.no_grad():
+        assert any(shows(got, want) for args in mha_cases()
+                   for got, want in zip(computed(mistake, args), args[0](*args[1:])))
+
+
+def test_the_multi_head_attention_mistakes_differ_from_each_other_on_the_checks_cases():
+    """Each is named when it matches: none may compute what another does on every case."""
+    with torch.no_grad():
+        results = [[computed(mistake, args) for args in mha_cases()] for mistake in checks.MHA_MISTAKES]
+    for a in range(len(results)):
+        for b in range(a + 1, len(results)):
+            pairs = [(x, y) for case_a, case_b in zip(results[a], results[b]) for x, y in zip(case_a, case_b)]
+            assert any(x is not None and y is not None and shows(x, y) for x, y in pairs), (
+                checks.MHA_MISTAKES[a].problem, checks.MHA_MISTAKES[b].problem)
