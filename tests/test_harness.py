@@ -5,7 +5,18 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from autograde_tests.checks.harness import ON_A_FIXED_DEVICE, ChangedInput, EditDoesNotApply, call, edited, fail, run_cases
+from autograde_tests.checks.harness import (
+    ON_A_FIXED_DEVICE,
+    ChangedInput,
+    EditDoesNotApply,
+    Mistake,
+    call,
+    edited,
+    fail,
+    matching_mistake,
+    name_the_mistake,
+    run_cases,
+)
 
 
 def clashes_with_the_gpu(x):
@@ -62,3 +73,59 @@ def test_an_edit_that_does_not_hold_exactly_once_fails_loudly(old):
 def test_an_edit_computes_the_mistaken_code_and_leaves_the_original_alone():
     assert edited(scaled, ("x * factor", "x + factor"))(1.0) == 3.0
     assert scaled(1.0) == 2.0
+
+
+def test_run_cases_prepares_each_case_once_whatever_the_device_and_dtype(capsys):
+    prepared, seen = [], []
+
+    def prepare(i, case):
+        prepared.append(i)
+        return f"built {i}"
+
+    run_cases("f", [Case((2,), 0.1), Case((3,), 0.2)], lambda i, case, device, dtype, built: seen.append(built),
+              prepare=prepare)
+    assert prepared == [0, 1] and set(seen) == {"built 0", "built 1"}
+    assert "✔ f: all" in capsys.readouterr().out
+
+
+def test_run_cases_on_the_cpu_only_runs_and_counts_the_cpu_alone(capsys):
+    where = []
+    run_cases("f", [Case((2,), 0.1)], lambda i, case, device, dtype: where.append(device.type), cpu_only=True)
+    assert set(where) == {"cpu"} and "(cpu;" in capsys.readouterr().out
+
+
+WRONG_SIGN = Mistake("the sign is flipped", "negate", lambda x: -x)
+DOUBLED = Mistake("doubled", "halve", lambda x: 2 * x)
+
+
+def made(x, *mistakes):
+    return [(m, m.compute(x)) for m in mistakes]
+
+
+def test_the_matcher_names_the_mistake_within_tolerance_and_none_otherwise():
+    x = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    assert matching_mistake(-x + 1e-13, made(x, DOUBLED, WRONG_SIGN)) is WRONG_SIGN
+    assert matching_mistake(x + 1, made(x, DOUBLED, WRONG_SIGN)) is None
+
+
+def test_an_exact_match_takes_every_element_as_it_is():
+    mask = torch.tensor([True, False, True])
+    inverted = Mistake("inverted", "flip", lambda m: ~m)
+    assert matching_mistake(~mask, made(mask, inverted), exact=True) is inverted
+    assert matching_mistake(mask, made(mask, inverted), exact=True) is None
+
+
+def test_aligned_results_match_where_a_mistake_changed_the_shape():
+    stops_early = Mistake("stops early", "go on", lambda ids: ids[:2])
+    padded = lambda actual, result: (actual, torch.cat([result, result.new_full((len(actual) - len(result),), 9)]))
+    ids = torch.tensor([4, 5, 6])
+    assert matching_mistake(torch.tensor([4, 5, 9]), made(ids, stops_early), exact=True, align=padded) is stops_early
+
+
+def test_when_no_mistake_matches_the_checks_own_diagnosis_comes_before_the_difference():
+    x = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(AssertionError, match="f: the check's own diagnosis"):
+        name_the_mistake("f", "the output", x + 0.5, x, made(x, DOUBLED),
+                         otherwise=lambda: fail("f", "the check's own diagnosis"))
+    with pytest.raises(AssertionError, match="f: the output and the FFN it was built from differ"):
+        name_the_mistake("f", "the output", x + 0.5, x, made(x, DOUBLED), against="the FFN it was built from")

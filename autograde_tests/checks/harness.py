@@ -51,16 +51,29 @@ def grid(dtypes=DTYPES) -> list[tuple[torch.device, torch.dtype]]:
     return [(device, dtype) for device in devices() for dtype in dtypes]
 
 
-def run_cases(name: str, cases: list, check_case: Callable, after: Callable = lambda: None, dtypes=DTYPES) -> None:
+def run_cases(name: str, cases: list, check_case: Callable, after: Callable = lambda: None, dtypes=DTYPES,
+              prepare: Callable | None = None, cpu_only: bool = False) -> None:
     """The case runner: ``check_case(index, case, device, dtype)`` for every case on every (device, dtype),
     then ``after()`` (the checks that are not per case), then the pass line. A case fails by raising
-    AssertionError (``fail``), so the pass line is printed only when nothing failed."""
-    for device, dtype in grid(dtypes):
+    AssertionError (``fail``), so the pass line is printed only when nothing failed.
+
+    ``prepare(index, case)``, when given, runs once per case, the first time the case runs (e.g. a learner's
+    module built once whatever the device), and its result is ``check_case``'s fifth argument. ``dtypes`` of
+    float64 alone is the path of checks that need it; ``cpu_only`` is for what takes no device (it makes its
+    tensors itself), which would only run twice on a GPU machine."""
+    where = [(device, dtype) for device, dtype in grid(dtypes) if device.type == "cpu" or not cpu_only]
+    prepared = {}
+    for device, dtype in where:
         for index, case in enumerate(cases):
             with in_case(case, device, dtype):
-                check_case(index, case, device, dtype)
+                if prepare is None:
+                    check_case(index, case, device, dtype)
+                    continue
+                if index not in prepared:
+                    prepared[index] = prepare(index, case)
+                check_case(index, case, device, dtype, prepared[index])
     after()
-    passed(name, len(cases) * len(grid(dtypes)), dtypes)
+    passed(name, len(cases) * len(where), dtypes, cpu_only)
 
 
 @contextlib.contextmanager
@@ -443,22 +456,41 @@ def candidates(mistakes: Iterable[Mistake], *args, part: int | None = None) -> I
         yield mistake, result
 
 
-def name_the_mistake(
-    name: str, what: str, actual: torch.Tensor, expected: torch.Tensor, candidates: Iterable[tuple[Mistake, object]]
-) -> None:
-    """Fail naming the mistake whose result matches ``actual``, else with the largest error.
+def matching_mistake(actual: torch.Tensor, candidates: Iterable[tuple[Mistake, object]], exact: bool = False,
+                     align: Callable | None = None) -> Mistake | None:
+    """The mistake whose result matches ``actual``, or None: the one matcher of every check.
 
-    ``candidates`` pairs each mistake with its result for this case (see ``candidates``). When several match
-    (in float32, a small difference between two mistakes can hide under the tolerance), the nearest one is
-    named, the first of equals.
+    ``candidates`` pairs each mistake with its result for this case (see ``candidates``). Results match within
+    the dtype's tolerance, or, with ``exact``, element for element (masks, token ids). ``align(actual, result)``
+    puts the two in one shape first where a mistake may change it (e.g. a decoding that stops early); it returns
+    None when they cannot be compared. When several match (in float32, a small difference between two mistakes
+    can hide under the tolerance), the nearest is the one, the first of equals.
     """
-    matching = [(float((actual - result.to(actual)).abs().max()) if actual.numel() else 0.0, i, mistake)
-                for i, (mistake, result) in enumerate(candidates)
-                if isinstance(result, torch.Tensor) and result.shape == actual.shape and close(actual, result)]
-    if matching:
-        _, _, mistake = min(matching, key=lambda m: m[:2])
+    matching = []
+    for i, (mistake, result) in enumerate(candidates):
+        if not isinstance(result, torch.Tensor):
+            continue
+        got, result = align(actual, result) if align else (actual, result)
+        if result is None or result.shape != got.shape:
+            continue
+        if exact and torch.equal(got, result.to(got)):
+            matching.append((0.0, i, mistake))
+        elif not exact and close(got, result):
+            matching.append((float((got - result.to(got)).abs().max()) if got.numel() else 0.0, i, mistake))
+    return min(matching, key=lambda m: m[:2])[2] if matching else None
+
+
+def name_the_mistake(name: str, what: str, actual: torch.Tensor, expected: torch.Tensor,
+                     candidates: Iterable[tuple[Mistake, object]], exact: bool = False, align: Callable | None = None,
+                     otherwise: Callable[[], None] = lambda: None, against: str = "the reference") -> None:
+    """Fail naming the mistake whose result matches ``actual`` (``matching_mistake``); when none does, run
+    ``otherwise()`` (a check's own diagnosis, which fails when it finds something), then fail with the largest
+    error between ``what`` and ``against``."""
+    mistake = matching_mistake(actual, candidates, exact, align)
+    if mistake is not None:
         fail(name, mistake.problem, mistake.hint)
-    fail_difference(name, what, actual, expected)
+    otherwise()
+    fail_difference(name, what, actual, expected, against)
 
 
 def construct(name: str, cls: type, *args, **kwargs) -> nn.Module:
@@ -493,7 +525,7 @@ def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str,
     learner.load_state_dict(want, strict=False)
 
 
-def passed(name: str, cases: int, dtypes=DTYPES) -> None:
-    where = ", ".join(d.type for d in devices())
+def passed(name: str, cases: int, dtypes=DTYPES, cpu_only: bool = False) -> None:
+    where = "cpu" if cpu_only else ", ".join(d.type for d in devices())
     kinds = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
     print(f"✔ {name}: all {cases} cases passed ({where}; {kinds})")
