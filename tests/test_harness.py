@@ -16,6 +16,7 @@ from autograde_tests.checks.harness import (
     matching_mistake,
     name_the_mistake,
     run_cases,
+    seed_for,
 )
 
 
@@ -129,3 +130,10 @@ def test_when_no_mistake_matches_the_checks_own_diagnosis_comes_before_the_diffe
                          otherwise=lambda: fail("f", "the check's own diagnosis"))
     with pytest.raises(AssertionError, match="f: the output and the FFN it was built from differ"):
         name_the_mistake("f", "the output", x + 0.5, x, made(x, DOUBLED), against="the FFN it was built from")
+
+
+def test_every_check_and_purpose_draws_from_a_seed_of_its_own_the_same_in_every_process():
+    seeds = {seed_for(name, hidden, *purpose) for name in ("GPT", "RMSNorm") for hidden in (False, True)
+             for purpose in ((), (0,), (1,), (0, "weights"))}
+    assert len(seeds) == 16
+    assert seed_for("GPT", True, 0, "weights") == seed_for("GPT", True, 0, "weights") == 3358079525

@@ -12,6 +12,7 @@ value a check computes afterwards from those tensors can be one the learner's co
 
 import contextlib
 import functools
+import hashlib
 import inspect
 import math
 import sys
@@ -124,6 +125,15 @@ def strict_numerics() -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def seed_for(name: str, hidden: bool, *purpose: object) -> int:
+    """The one seed rule: what a check draws comes from its name, whether the cases are hidden, and what the draw
+    is for (a case's index, "weights", ...). The same numbers in every run, process and machine (a hash, not
+    Python's salted one); other numbers for the hidden cases, so that passing the visible ones says nothing of
+    them; no two checks or purposes sharing a stream."""
+    key = "/".join([name, "hidden" if hidden else "visible", *map(str, purpose)])
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
 
 
 class Inputs:
