@@ -6,12 +6,14 @@ run. Both must give the same verdict and the same message.
 """
 
 import importlib
+import re
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import strategies as st
 
+from autograde_tests.chapters import CHAPTERS
 from autograde_tests.checks import harness
 from autograde_tests.grading import bubblewrap, kernel_view
 from autograde_tests.remote.agent import Agent
@@ -91,14 +93,34 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"screenshots of {len(shots)} chapter pages: {SCREENSHOTS}")
 
 
+def pytest_configure(config):
+    for chapter in CHAPTERS:
+        config.addinivalue_line("markers", f"ch{chapter.id[:2]}: about chapter {chapter.id} ({chapter.module})")
+
+
+def _chapters(item) -> set[str]:
+    """The chapters a test is about: its module's (``test_05_...``), and any chapter its parameters name (a
+    chapter id such as ``"05_transformer"``, or a case of a chapter, ``case.chapter``)."""
+    found = set(re.findall(r"^test_(\d\d)_", item.module.__name__.rsplit(".", 1)[-1]))
+    for value in getattr(getattr(item, "callspec", None), "params", {}).values():
+        named = getattr(value, "chapter", value)
+        if isinstance(named, str) and re.match(r"\d\d_", named):
+            found.add(named[:2])
+    return found
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``sandbox`` grade in bubblewrap: where none can start, each is skipped with the one
+    """Each test is marked with the chapters it is about (``_chapters``). Tests marked ``sandbox`` grade in
+    bubblewrap: where none can start, each is skipped with the one
     line that says why and how to fix it (``-ra`` puts it in the summary).
 
     The modules that take minutes (they grade in a sandbox, or are marked ``slow``) run first, in the order
     pytest-randomly gave them, and the short ones after: the workers that ``make test`` spreads modules over
     then finish within a short module of each other, instead of one waiting on a long module that started
     last (pyproject.toml asks xdist to keep this order)."""
+    for item in items:  # `pytest -m ch05` runs what is about chapter 5
+        for number in _chapters(item):
+            item.add_marker(f"ch{number}")
     items.sort(key=lambda item: not (item.get_closest_marker("sandbox") or item.get_closest_marker("slow")))
     sandboxed = [item for item in items if item.get_closest_marker("sandbox")]
     why = bubblewrap.unavailable() if sandboxed else None

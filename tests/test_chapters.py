@@ -4,6 +4,8 @@ and the checks export exactly those names."""
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -44,3 +46,11 @@ def test_a_chapter_hides_its_own_module_and_every_later_one():
     modules = [chapter.module for chapter in CHAPTERS]
     for i, chapter in enumerate(CHAPTERS):
         assert hidden_in_grading(chapter.id) == hidden_in_grading(chapter.module) == modules[i:]
+
+
+def test_a_chapters_marker_selects_the_tests_about_it_and_no_other():
+    run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly", "-m", "ch03",
+                          "tests/test_notebooks.py", "tests/test_03_attention_variants_reference.py"],
+                         cwd=REPO, capture_output=True, text=True, check=True)
+    selected = [line for line in run.stdout.splitlines() if "::" in line]
+    assert selected and all("03_attention_variants" in line or "test_03_" in line for line in selected), selected
