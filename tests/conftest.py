@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from hypothesis import strategies as st
 
 from autograde_tests.chapters import CHAPTERS
@@ -91,6 +92,12 @@ def pytest_terminal_summary(terminalreporter):
     shots = sorted(SCREENSHOTS.glob("*.png"))
     if shots:
         terminalreporter.write_line(f"screenshots of {len(shots)} chapter pages: {SCREENSHOTS}")
+
+
+# Hypothesis's default 200 ms deadline per example is a timed test: on a busy machine a first call that warms
+# up PyTorch took 690 ms and failed. Examples are judged on what they compute, never on how long they take.
+settings.register_profile("course", deadline=None)
+settings.load_profile("course")
 
 
 def pytest_configure(config):

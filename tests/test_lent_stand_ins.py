@@ -16,9 +16,10 @@ from torch import nn
 from autograde_tests.checks import check_generate, check_sublayer_connection
 from autograde_tests.grading.reach import Reach
 from autograde_tests.remote import lent, wire
-from autograde_tests.remote.proxy import Loopback, lend
+from autograde_tests.remote.proxy import lend
 
 from .conftest import connected, kernel_stand_in
+from .loopback import Loopback
 from .test_04_ffn_layernorm_residual_checks import CallingTheSublayerTwice
 from .test_06_decoder_only_checks import make_generate
 

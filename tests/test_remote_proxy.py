@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from autograde_tests.remote.proxy import (
-    Loopback,
     Session,
     is_a,
     is_module,
@@ -19,6 +18,8 @@ from autograde_tests.remote.proxy import (
     type_name,
 )
 from autograde_tests.remote.wire import RemoteError
+
+from .loopback import Loopback
 
 
 class Odd(Exception):

@@ -6,13 +6,11 @@ and what comes back is data. So the verdict is computed here, from inputs made h
 that gives learners their messages.
 """
 
-import io
-import pickle
 from collections.abc import Callable
 
 import torch
 
-from . import agent, lent, wire
+from . import lent, wire
 
 class Remote:
     """One of the learner's objects, living in the kernel: call it, read and set attributes, index it."""
@@ -180,35 +178,3 @@ def _write_back(key, value, args: tuple, kwargs: dict) -> None:
             if value.shape != original.shape:
                 original.resize_(value.shape)
             original.copy_(value)
-
-
-class Loopback:
-    """A transport to an agent in this process, through the same messages: for the suite's tests.
-
-    ``hidden`` names modules the agent must not load from a pickle, as a graded kernel cannot
-    import the reference (and the checks) of the chapter it grades.
-    """
-
-    def __init__(self, hidden: frozenset[str] = frozenset()):
-        self.agent = agent.Agent({}, unpickle=lambda data: _Unpickler(io.BytesIO(data), hidden).load())
-        self.session = Session(self)
-        self.agent.grader = self.session.lender.answer
-
-    def __call__(self, request: str) -> str:
-        return self.agent.handle(request)
-
-    def expose(self, name: str, value) -> Remote:
-        """``value`` as the learner's global ``name``, reached through the wire."""
-        self.agent.namespace[name] = value
-        return self.session.lookup(name)
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, hidden: frozenset[str]):
-        super().__init__(file)
-        self.hidden = hidden
-
-    def find_class(self, module: str, name: str):
-        if module in self.hidden:
-            raise ImportError(f"{module} is not available in the graded kernel (it would give the answer away)")
-        return super().find_class(module, name)
