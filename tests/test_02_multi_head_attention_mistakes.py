@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autograde_tests.checks import multi_head_attention as checks
-from autograde_tests.checks.harness import Inputs, candidates
+from autograde_tests.checks.harness import candidates
 from autograde_tests.reference import multi_head_attention as ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,23 +18,24 @@ def shows(got, want) -> bool:
 
 
 def split_cases():
-    for seed, cases in ((300, checks.VISIBLE_HEADS), (3000, checks.HIDDEN_HEADS)):
+    """Each case's arguments, drawn as the check draws them (its own helpers, so the two cannot drift)."""
+    for hidden, cases in ((False, checks.VISIBLE_HEADS), (True, checks.HIDDEN_HEADS)):
         for i, case in enumerate(cases):
-            yield Inputs(seed + i).randn(case.batch, case.length, case.n_heads * case.d_k), case.n_heads
+            yield checks._split_input(case, hidden, i), case.n_heads
 
 
 def merge_cases():
-    for seed, cases in ((310, checks.VISIBLE_HEADS), (3100, checks.HIDDEN_HEADS)):
+    for hidden, cases in ((False, checks.VISIBLE_HEADS), (True, checks.HIDDEN_HEADS)):
         for i, case in enumerate(cases):
-            yield (Inputs(seed + i).randn(case.batch, case.n_heads, case.length, case.d_k),)
+            yield (checks._merge_input(case, hidden, i),)
 
 
 def mha_cases():
     """The reference module and its (x, y, mask), as the check makes them."""
-    for seed, cases in ((320, checks.VISIBLE_MHA), (3200, checks.HIDDEN_MHA)):
+    for hidden, cases in ((False, checks.VISIBLE_MHA), (True, checks.HIDDEN_MHA)):
         for i, case in enumerate(cases):
-            _, reference = checks._modules(case, seed + i)
-            yield reference, *checks._mha_inputs(case, seed + i)[:3]
+            _, reference = checks._modules(case, hidden, i)
+            yield reference, *checks._mha_inputs(case, hidden, i)[:3]
 
 
 def computed(mistake, args) -> list:

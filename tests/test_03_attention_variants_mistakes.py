@@ -41,11 +41,12 @@ def test_a_padding_mask_mistake_shows_on_the_checks_cases(mistake):
 
 
 def variant_cases(variant):
-    """The reference module and the forward's arguments of each of the variant's cases, visible and hidden."""
-    for seed, cases in ((variant.seed, variant.visible), (variant.seed + 1000, variant.hidden)):
+    """The reference module and the forward's arguments of each of the variant's cases, visible and hidden, drawn
+    as the check draws them (its own ``_drawn``)."""
+    for hidden, cases in ((False, variant.visible), (True, variant.hidden)):
         for i, case in enumerate(cases):
-            yield checks._reference(variant, case, seed + i), checks._arguments(
-                variant, *checks._inputs(variant, case, seed + i))
+            module, inputs = checks._drawn(variant, hidden, i, case)
+            yield module, checks._arguments(variant, *inputs)
 
 
 VARIANTS = (checks.SELF, checks.CAUSAL, checks.CROSS)

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from autograde_tests.checks import ffn_layernorm_residual as checks
-from autograde_tests.checks.harness import Inputs
 from autograde_tests.reference import ffn_layernorm_residual as ref
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,30 +22,34 @@ def differs(compute, module, *args) -> bool:
     return got.shape != want.shape or not torch.allclose(got, want, atol=1e-9)
 
 
-def ffn_cases():
-    for seed, cases in ((400, checks.VISIBLE_FFN), (4100, checks.HIDDEN_FFN)):
+def drawn(name, visible, hidden, draw):
+    """Each case of the check ``name``, visible and hidden, with what the check draws for it (its own helper
+    ``draw``, so the numbers here are the check's)."""
+    for is_hidden, cases in ((False, visible), (True, hidden)):
         for i, case in enumerate(cases):
-            yield checks._reference_ffn(case, seed + i), checks._ffn_input(case, seed + i)
+            yield case, draw(name, case, is_hidden, i)
+
+
+def ffn_cases():
+    for _, (reference, x) in drawn("PositionwiseFeedForward", checks.VISIBLE_FFN, checks.HIDDEN_FFN, checks._ffn_drawn):
+        yield reference, x
 
 
 def conv_cases():
-    for seed, cases in ((420, checks.VISIBLE_CONV), (4200, checks.HIDDEN_CONV)):
-        for i, case in enumerate(cases):
-            conv = ref.ffn_as_conv1d(checks._reference_ffn_float32(case, seed + i))
-            yield conv, Inputs(seed + i).randn(case.batch, case.length, case.d_model)
+    for _, (ffn, x) in drawn("ffn_as_conv1d", checks.VISIBLE_CONV, checks.HIDDEN_CONV, checks._conv_drawn):
+        yield ref.ffn_as_conv1d(ffn), x
 
 
 def layer_norm_cases():
-    for seed, cases in ((430, checks.VISIBLE_LAYER_NORM), (4300, checks.HIDDEN_LAYER_NORM)):
-        for i, case in enumerate(cases):
-            yield checks._reference_layer_norm(case, seed + i), checks._layer_norm_input(case, seed + i)
+    for _, (reference, x) in drawn("LayerNorm", checks.VISIBLE_LAYER_NORM, checks.HIDDEN_LAYER_NORM,
+                                   checks._layer_norm_drawn):
+        yield reference, x
 
 
 def sublayer_cases():
-    for seed, cases in ((440, checks.VISIBLE_SUBLAYER), (4400, checks.HIDDEN_SUBLAYER)):
-        for i, case in enumerate(cases):
-            connection = checks._reference_connection(checks._reference_norm(case, seed + i), case.norm_first)
-            yield connection, checks._sublayer_input(case, seed + i), checks._sublayer(case, seed + i)
+    for case, (norm, f, x) in drawn("SublayerConnection", checks.VISIBLE_SUBLAYER, checks.HIDDEN_SUBLAYER,
+                                    checks._sublayer_drawn):
+        yield checks._reference_connection(norm, case.norm_first), x, f
 
 
 CHECKS = {  # each check's mistakes, and its cases as (reference module, its float64 CPU inputs ...)

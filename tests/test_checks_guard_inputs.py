@@ -84,7 +84,7 @@ def test_the_expected_value_comes_from_the_input_as_drawn(monkeypatch):
                             or original(x, f, norm))
     with pytest.raises(AssertionError, match="^SublayerConnection: modified its input `x` in place"):
         check_sublayer_connection(ZeroesItsInputOnTheSecondCall)
-    drawn = chapter_4._sublayer_input(chapter_4.VISIBLE_SUBLAYER[0], 440)
+    drawn = chapter_4._sublayer_drawn("SublayerConnection", chapter_4.VISIBLE_SUBLAYER[0], False, 0)[-1]
     assert given and all(torch.equal(x, drawn) for x in given)
 
 

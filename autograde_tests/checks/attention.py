@@ -1,7 +1,7 @@
 """Checks for chapter 01_attention: ``softmax`` and ``scaled_dot_product_attention``.
 
-Visible checks (``hidden=False``) use one fixed set of shapes and seeds; the hidden ones nbgrader
-runs at grading time draw other seeds and other shapes, so an answer fitted to the visible example fails.
+Visible checks (``hidden=False``) use one fixed set of shapes; the hidden ones nbgrader runs at grading time
+use other shapes and draw other numbers (``seed_for``), so an answer fitted to the visible example fails.
 """
 
 import functools
@@ -22,6 +22,7 @@ from .harness import (
     name_the_mistake,
     output_like_input,
     run_cases,
+    seed_for,
     strict_numerics,
 )
 from .how import expect_device_agnostic, forbid_built_ins
@@ -54,8 +55,9 @@ HIDDEN_SOFTMAX = [
 ]
 
 
-def _softmax_input(case: SoftmaxCase, seed: int) -> torch.Tensor:
-    draw = Inputs(seed)
+def _softmax_input(case: SoftmaxCase, hidden: bool, i: int) -> torch.Tensor:
+    """The input of case ``i`` of the visible or hidden cases, float64 on the CPU."""
+    draw = Inputs(seed_for("softmax", hidden, i))
     x = draw.randn(*case.shape) * case.scale + case.offset
     if case.minus_inf:
         hole = draw.bernoulli(0.3, *case.shape)
@@ -68,31 +70,31 @@ def check_softmax(softmax, hidden: bool = False) -> None:
     """Check a learner's ``softmax(x, dim=-1)`` against the reference; raise AssertionError naming the mistake."""
     name = "softmax"
     cases = HIDDEN_SOFTMAX if hidden else VISIBLE_SOFTMAX
-    seed = 1000 if hidden else 0
+
     def check_case(i: int, case: SoftmaxCase, device, dtype) -> None:
-        x = _softmax_input(case, seed + i)
+        x = _softmax_input(case, hidden, i)
         expected = ref.softmax(x, dim=case.dim)
         x = x.to(dtype=dtype, device=device)
         out = output_like_input(name, softmax, x, dim=case.dim)
-        _expect_softmax_values(name, out, expected, x, case)
+        if not close(out, expected):
+            _expect_finite(name, out, case)
+            name_the_mistake(name, f"the output for input of shape {tuple(x.shape)}, dim={case.dim}", out, expected,
+                             candidates(_wrong_axis_mistakes(x.dim(), case.dim), x.double().cpu()))
 
     with strict_numerics():
-        forbid_built_ins(name, softmax, (_softmax_input(cases[0], seed),), FORBIDDEN)
+        forbid_built_ins(name, softmax, (_softmax_input(cases[0], hidden, 0),), FORBIDDEN)
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
-            name, softmax, (_softmax_input(cases[0], seed),), {"dim": -1}))
+            name, softmax, (_softmax_input(cases[0], hidden, 0),), {"dim": -1}))
 
 
-def _expect_softmax_values(name, out, expected, x, case: SoftmaxCase) -> None:
-    if close(out, expected):
-        return
+def _expect_finite(name, out, case: SoftmaxCase) -> None:
+    """Name an overflow: inf or NaN where the scores are large."""
     if not torch.isfinite(out).all() and case.scale > 1:
         fail(
             name,
             f"returns inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
             "subtract the maximum along `dim` (keepdim=True) before exp; softmax(x) = softmax(x - c).",
         )
-    name_the_mistake(name, f"the output for input of shape {tuple(x.shape)}, dim={case.dim}", out, expected,
-                     candidates(_wrong_axis_mistakes(x.dim(), case.dim), x.double().cpu()))
 
 
 def _wrong_axis_mistakes(rank: int, dim: int) -> list[Mistake]:
@@ -136,8 +138,9 @@ HIDDEN_ATTENTION = [
 ]
 
 
-def _attention_inputs(case: AttentionCase, seed: int):
-    draw = Inputs(seed)
+def _attention_inputs(case: AttentionCase, hidden: bool, i: int):
+    """q, k, v and the mask (or None) of case ``i`` of the visible or hidden cases, float64 on the CPU."""
+    draw = Inputs(seed_for("scaled_dot_product_attention", hidden, i))
     q = draw.randn(*case.batch, case.m, case.d_k)
     k = draw.randn(*case.batch, case.n, case.d_k)
     v = draw.randn(*case.batch, case.n, case.d_v)
@@ -226,36 +229,33 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
     """Check a learner's ``scaled_dot_product_attention(q, k, v, mask=None) -> (output, weights)``."""
     name = "scaled_dot_product_attention"
     cases = HIDDEN_ATTENTION if hidden else VISIBLE_ATTENTION
-    seed = 2000 if hidden else 100
-    masked_case = next(c for c in cases if c.mask is not None)
+    masked = next(i for i, c in enumerate(cases) if c.mask is not None)
+
+    def check_case(i: int, case: AttentionCase, device, dtype) -> None:
+        inputs64 = _attention_inputs(case, hidden, i)
+        expected = ref.scaled_dot_product_attention(*inputs64)
+        q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64[:3])
+        mask = None if inputs64[3] is None else inputs64[3].to(device)
+        result = call(name, scaled_dot_product_attention, q, k, v, *([] if mask is None else [mask]))
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(name, f"should return a tuple (output, weights), got {type(result).__name__}")
+        out, weights = result
+        expect_tensor(name, "output", out, expected[0].shape, like=q)
+        expect_tensor(name, "weights", weights, expected[1].shape, like=q)
+        _expect_no_nan(name, out, weights, inputs64[3])
+        if not close(weights, expected[1]):
+            name_the_mistake(name, "the weights", weights, expected[1], candidates(MISTAKES, *inputs64, part=1))
+        if not close(out, expected[0]):
+            name_the_mistake(name, "the output", out, expected[0], candidates(MISTAKES, *inputs64, part=0))
 
     def device_agnostic() -> None:
-        for case in (cases[0], masked_case):
-            expect_device_agnostic(name, scaled_dot_product_attention, _attention_inputs(case, seed))
+        for i in (0, masked):
+            expect_device_agnostic(name, scaled_dot_product_attention, _attention_inputs(cases[i], hidden, i))
 
     with strict_numerics():
-        forbid_built_ins(name, scaled_dot_product_attention, _attention_inputs(masked_case, seed), FORBIDDEN)
-        run_cases(name, cases, lambda i, case, device, dtype: _check_attention_case(
-            name, scaled_dot_product_attention, case, seed + i, dtype, device), after=device_agnostic)
-
-
-def _check_attention_case(name, attention, case: AttentionCase, seed: int, dtype, device) -> None:
-    inputs64 = _attention_inputs(case, seed)
-    expected = ref.scaled_dot_product_attention(*inputs64)
-    q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64[:3])
-    mask = None if inputs64[3] is None else inputs64[3].to(device)
-    result = call(name, attention, q, k, v, mask) if mask is not None else call(name, attention, q, k, v)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        fail(name, f"should return a tuple (output, weights), got {type(result).__name__}")
-    out, weights = result
-    expect_tensor(name, "output", out, expected[0].shape, like=q)
-    expect_tensor(name, "weights", weights, expected[1].shape, like=q)
-    _expect_no_nan(name, out, weights, inputs64[3])
-    if close(out, expected[0]) and close(weights, expected[1]):
-        return
-    if not close(weights, expected[1]):
-        name_the_mistake(name, "the weights", weights, expected[1], candidates(MISTAKES, *inputs64, part=1))
-    name_the_mistake(name, "the output", out, expected[0], candidates(MISTAKES, *inputs64, part=0))
+        forbid_built_ins(name, scaled_dot_product_attention, _attention_inputs(cases[masked], hidden, masked),
+                         FORBIDDEN)
+        run_cases(name, cases, check_case, after=device_agnostic)
 
 
 def _expect_no_nan(name, out, weights, mask) -> None:

@@ -30,9 +30,10 @@ from .harness import (
     edited,
     expect_tensor,
     fail,
-    fail_difference,
+    name_the_mistake,
     randomise,
     run_cases,
+    seed_for,
     strict_numerics,
 )
 from ..remote.proxy import is_module, type_name
@@ -58,15 +59,11 @@ def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> Non
         fail(name, f"{ON_A_FIXED_DEVICE}: the mask is on {out.device.type}, expected {device.type}", FIXED_DEVICE)
 
 
-def _name_the_mask_mistake(name: str, out: torch.Tensor, expected: torch.Tensor, made, what: str) -> None:
-    """Masks are exact: compare with torch.equal, name the first mistake that matches, else the first wrong entry
-    (name_the_mistake compares within a float tolerance and reports the largest error of numbers)."""
-    out = out.cpu()
-    for mistake, result in made:
-        if isinstance(result, torch.Tensor) and torch.equal(out, result):
-            fail(name, mistake.problem, mistake.hint)
-    wrong = (out != expected).nonzero()[0].tolist()
-    fail(name, f"{what}: wrong at index {tuple(wrong)}: got {bool(out[tuple(wrong)])}, expected {not out[tuple(wrong)]}")
+def _first_wrong_entry(name: str, what: str, out: torch.Tensor, expected: torch.Tensor) -> None:
+    """A wrong mask that no mistake matches (masks match exactly: ``name_the_mistake(exact=True)``): its first
+    wrong entry, since a mask has no largest error."""
+    wrong = tuple((out != expected).nonzero()[0].tolist())
+    fail(name, f"{what}: wrong at index {wrong}: got {bool(out[wrong])}, expected {not out[wrong]}")
 
 
 # ----------------------------------------------------------------------------------------- causal_mask
@@ -103,9 +100,10 @@ def check_causal_mask(causal_mask, hidden: bool = False) -> None:
     def check_case(i: int, size: int, device, dtype) -> None:
         out = call(name, causal_mask, size, device=device)
         _expect_bool_mask(name, out, (size, size), device)
-        expected = ref.causal_mask(size)
-        if not torch.equal(out.cpu(), expected):
-            _name_the_mask_mistake(name, out, expected, candidates(CAUSAL_MISTAKES, size), f"causal_mask({size})")
+        out, expected, what = out.cpu(), ref.causal_mask(size), f"causal_mask({size})"
+        if not torch.equal(out, expected):
+            name_the_mistake(name, what, out, expected, candidates(CAUSAL_MISTAKES, size), exact=True,
+                             otherwise=lambda: _first_wrong_entry(name, what, out, expected))
 
     def default_and_meta_devices() -> None:
         _expect_bool_mask(name, call(name, causal_mask, sizes[-1]), (sizes[-1],) * 2, torch.device("cpu"))
@@ -154,10 +152,11 @@ def check_padding_mask(padding_mask, hidden: bool = False) -> None:
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (width, len(values)) != (len(values), width):
             fail(name, f"returns (max_len, B) = {tuple(out.shape)}: the mask is transposed", "one row per sequence.")
         _expect_bool_mask(name, out, (len(values), width), device)
-        expected = ref.padding_mask(torch.tensor(values), width)
-        if not torch.equal(out.cpu(), expected):
-            made = candidates(PADDING_MISTAKES, torch.tensor(values), width)
-            _name_the_mask_mistake(name, out, expected, made, f"padding_mask({list(values)}, {max_len})")
+        out, expected = out.cpu(), ref.padding_mask(torch.tensor(values), width)
+        what = f"padding_mask({list(values)}, {max_len})"
+        if not torch.equal(out, expected):
+            name_the_mistake(name, what, out, expected, candidates(PADDING_MISTAKES, torch.tensor(values), width),
+                             exact=True, otherwise=lambda: _first_wrong_entry(name, what, out, expected))
 
     values, max_len = next((v, w) for v, w in cases if w is not None)
     run_cases(name, cases, check_case, dtypes=(torch.bool,),
@@ -298,14 +297,13 @@ class Variant:
     mistakes: list
     visible: list
     hidden: list
-    seed: int
 
 
-SELF = Variant("SelfAttention", ref.SelfAttention, False, SELF_MISTAKES, VISIBLE_SELF, HIDDEN_SELF, 400)
+SELF = Variant("SelfAttention", ref.SelfAttention, False, SELF_MISTAKES, VISIBLE_SELF, HIDDEN_SELF)
 CAUSAL = Variant(
-    "CausalSelfAttention", ref.CausalSelfAttention, False, CAUSAL_MODULE_MISTAKES, VISIBLE_SELF, HIDDEN_SELF, 500
+    "CausalSelfAttention", ref.CausalSelfAttention, False, CAUSAL_MODULE_MISTAKES, VISIBLE_SELF, HIDDEN_SELF
 )
-CROSS = Variant("CrossAttention", ref.CrossAttention, True, CROSS_MISTAKES, VISIBLE_CROSS, HIDDEN_CROSS, 600)
+CROSS = Variant("CrossAttention", ref.CrossAttention, True, CROSS_MISTAKES, VISIBLE_CROSS, HIDDEN_CROSS)
 
 HOLD_ATTN = "hold one MultiHeadAttention(d_model, n_heads) as self.attn, and no other parameters."
 
@@ -325,18 +323,16 @@ def check_cross_attention(CrossAttention, hidden: bool = False) -> None:
     _check_variant(CROSS, CrossAttention, hidden)
 
 
-def _reference(variant: Variant, case: VariantCase, seed: int):
-    """The reference module, float64, its weights drawn from ``seed`` + 500."""
-    return randomise(variant.reference(case.d_model, case.n_heads), Inputs(seed + 500)).double().eval()
-
-
-def _inputs(variant: Variant, case: VariantCase, seed: int):
-    """Float64 CPU x (B, m, d_model), memory (B, n, d_model) or None, padding mask (B, n) or None."""
-    draw = Inputs(seed)
+def _drawn(variant: Variant, hidden: bool, i: int, case: VariantCase):
+    """What case ``i`` draws (``seed_for``): the float64 reference module, with its weights, and the float64 CPU
+    inputs, x (B, m, d_model), memory (B, n, d_model) or None, padding mask (B, n) or None."""
+    weights = Inputs(seed_for(variant.name, hidden, i, "weights"))
+    reference = randomise(variant.reference(case.d_model, case.n_heads), weights).double().eval()
+    draw = Inputs(seed_for(variant.name, hidden, i))
     x = draw.randn(case.batch, case.m, case.d_model)
     memory = draw.randn(case.batch, case.n, case.d_model) if variant.cross else None
     pm = None if case.lengths is None else ref.padding_mask(torch.tensor(case.lengths), case.n)
-    return x, memory, pm
+    return reference, (x, memory, pm)
 
 
 def _arguments(variant: Variant, x, memory, pm) -> tuple:
@@ -354,24 +350,23 @@ def _forward(variant: Variant, module, x, memory, pm):
 def _check_variant(variant: Variant, cls, hidden: bool) -> None:
     name = variant.name
     cases = variant.hidden if hidden else variant.visible
-    seed = variant.seed + (1000 if hidden else 0)
 
-    def check_case(i: int, case: VariantCase, device, dtype) -> None:
-        reference = _reference(variant, case, seed + i)
+    def check_case(i: int, case: VariantCase, device, dtype, drawn) -> None:
+        reference, inputs64 = drawn
         learner = construct(name, cls, case.d_model, case.n_heads)
         if not is_module(getattr(learner, "attn", None)):
             fail(name, "has no attribute `attn`", HOLD_ATTN)
         learner.to(dtype=dtype, device=device)
         copy_weights(name, learner, reference, HOLD_ATTN)
-        _check_case(variant, learner, reference, case, _inputs(variant, case, seed + i), dtype, device, seed + i)
+        _check_case(variant, learner, reference, case, inputs64, dtype, device, seed_for(name, hidden, i, "properties"))
 
     def on_meta() -> None:
-        case = next(c for c in cases if c.lengths is not None)
+        i, case = next((i, c) for i, c in enumerate(cases) if c.lengths is not None)
         meta_module = construct(name, cls, case.d_model, case.n_heads).to("meta")
-        expect_device_agnostic(name, meta_module, _arguments(variant, *_inputs(variant, case, seed)))
+        expect_device_agnostic(name, meta_module, _arguments(variant, *_drawn(variant, hidden, i, case)[1]))
 
     with strict_numerics(), torch.no_grad():
-        run_cases(name, cases, check_case, after=on_meta)
+        run_cases(name, cases, check_case, after=on_meta, prepare=lambda i, case: _drawn(variant, hidden, i, case))
 
 
 def _check_case(variant, learner, reference, case, inputs64, dtype, device, seed) -> None:
@@ -397,15 +392,14 @@ def _check_case(variant, learner, reference, case, inputs64, dtype, device, seed
             "a query whose keys are all padding must get a zero output: use the bool mask with "
             "MultiHeadAttention, not an additive -inf mask.",
         )
-    # The first mistake that matches is named before the properties are tested, and the difference only after
-    # them: name_the_mistake would fail with the difference at once.
-    if not close(out, expected):
-        for mistake, result in candidates(variant.mistakes, reference, *_arguments(variant, *inputs64)):
-            if isinstance(result, torch.Tensor) and result.shape == out.shape and close(out, result):
-                fail(name, mistake.problem, mistake.hint)
-    _expect_properties(variant, learner, case, out, x, memory, pm, seed)
-    if not close(out, expected):
-        fail_difference(name, "the output", out, expected)
+    # What each variant promises is tested on every output, a right one too; on a wrong one, after a known mistake
+    # is looked for and before the difference is reported.
+    properties = lambda: _expect_properties(variant, learner, case, out, x, memory, pm, seed)
+    if close(out, expected):
+        properties()
+    else:
+        made = candidates(variant.mistakes, reference, *_arguments(variant, *inputs64))
+        name_the_mistake(name, "the output", out, expected, made, otherwise=properties)
 
 
 def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
@@ -441,7 +435,7 @@ def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
 def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None:
     """What each variant promises, tested on the learner's own outputs."""
     name = variant.name
-    draw = Inputs(seed + 900)
+    draw = Inputs(seed)
     noise = draw.randn(*x.shape).to(dtype=x.dtype, device=x.device)
     if variant is CAUSAL:
         cut = case.m // 2
@@ -466,7 +460,9 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
                 "changing padded tokens changed the outputs at real positions: padded keys still get weight",
                 "the padding mask must hide keys: pass it to self.attn as (B, 1, 1, n).",
             )
-    order = torch.randperm(case.n, generator=draw.generator).to(x.device)
+    # One cycle through all the positions: none stays in place, where a dependence on it would not show.
+    shuffled = torch.randperm(case.n, generator=draw.generator)
+    order = torch.empty_like(shuffled).index_put_((shuffled,), shuffled.roll(-1)).to(x.device)
     permuted_pm = None if pm is None else pm[:, order]
     if variant is SELF:
         permuted = _forward(variant, learner, x[:, order], memory, permuted_pm)

@@ -29,7 +29,6 @@ from .harness import (
     edited,
     expect_tensor,
     fail,
-    fail_difference,
     grid,
     largest_error,
     learner_step,
@@ -37,6 +36,7 @@ from .harness import (
     output_like_input,
     randomise,
     run_cases,
+    seed_for,
     strict_numerics,
 )
 from .how import expect_device_agnostic, kernel_reported
@@ -99,27 +99,24 @@ FFN_MISTAKES = [
 ]
 
 
-def _ffn_input(case: FeedForwardCase, seed: int) -> torch.Tensor:
-    return Inputs(seed).randn(case.batch, case.length, case.d_model)
-
-
-def _reference_ffn(case: FeedForwardCase, seed: int) -> ref.PositionwiseFeedForward:
+def _ffn_drawn(name, case: FeedForwardCase, hidden: bool, i: int) -> tuple[ref.PositionwiseFeedForward, torch.Tensor]:
+    """Case ``i``'s reference FFN, with random weights, and its input, float64 on the CPU: what the check
+    draws (and the test of its mistakes)."""
     module = ref.PositionwiseFeedForward(case.d_model, case.d_ff).double()
-    return randomise(module, Inputs(seed + 500)).eval()
+    reference = randomise(module, Inputs(seed_for(name, hidden, i, "weights"))).eval()
+    return reference, Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
 
 
 def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = False) -> None:
     """Check a learner's ``PositionwiseFeedForward(d_model, d_ff, dropout=0.0)``; raise AssertionError naming the mistake."""
     name = "PositionwiseFeedForward"
     cases = HIDDEN_FFN if hidden else VISIBLE_FFN
-    seed = 4100 if hidden else 400
 
     def check_case(i: int, case: FeedForwardCase, device, dtype) -> None:
         module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
-        reference = _reference_ffn(case, seed + i)
+        reference, x64 = _ffn_drawn(name, case, hidden, i)
         copy_weights(name, module.to(torch.float64), reference, FFN_HINT)
         module.to(device=device, dtype=dtype)
-        x64 = _ffn_input(case, seed + i)
         expected = reference(x64).detach()  # before the learner's code meets x (on the CPU in float64, x is x64)
         x = x64.to(device=device, dtype=dtype)
         out = output_like_input(name, module, x).detach()
@@ -128,16 +125,15 @@ def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = Fals
             name_the_mistake(name, "the output", out, expected, candidates(FFN_MISTAKES, reference, x64))
 
     with strict_numerics():
-        _expect_position_wise(name, PositionwiseFeedForward, cases[0], seed)
+        _expect_position_wise(name, PositionwiseFeedForward, cases[0], Inputs(seed_for(name, hidden, "position-wise")))
         run_cases(name, cases, check_case)
 
 
-def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, seed: int) -> None:
+def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, draw: Inputs) -> None:
     """Position-wise, on the learner's own initial weights: each output row depends on its input row
     only, through the same function at every position (permuting positions permutes the output)."""
     module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
     module.to(torch.float64)
-    draw = Inputs(seed + 900)
     x = draw.randn(case.batch, case.length, case.d_model)
     out = call(name, module, x)
     expect_tensor(name, "the output", out, x.shape, like=x)
@@ -263,14 +259,14 @@ def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> 
 
 
 def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward,
-                                            x64: torch.Tensor, seed: int) -> None:
+                                            x64: torch.Tensor, draw: Inputs) -> None:
     """With new weights put into its two 1x1 convolutions, the module must compute the FFN of those weights:
     a value judged here, which shows the convolutions do the computing (and not weights kept elsewhere). The
     layers are found by the shapes of their weights, (out, in, 1), whatever class the kernel names."""
     d_ff, d_model = ffn64.linear1.weight.shape
     conv.to(device="cpu", dtype=torch.float64)
     layers = [(m, tuple(w.shape)) for m in conv.modules() if isinstance(w := getattr(m, "weight", None), torch.Tensor)]
-    draw, weights = Inputs(seed + 900), []
+    weights = []
     for shape in ((d_ff, d_model, 1), (d_model, d_ff, 1)):
         layer = next((m for m, found in layers if found == shape), None)
         if layer is None:
@@ -291,45 +287,45 @@ def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.Po
         )
 
 
-def _reference_ffn_float32(case: ConvCase, seed: int) -> ref.PositionwiseFeedForward:
-    """A float64 FFN whose weights are exact in float32 too (drawn in float32)."""
-    return randomise(ref.PositionwiseFeedForward(case.d_model, case.d_ff), Inputs(seed + 500)).double().eval()
+def _conv_drawn(name, case: ConvCase, hidden: bool, i: int) -> tuple[ref.PositionwiseFeedForward, torch.Tensor]:
+    """Case ``i``'s FFN, float64 with weights exact in float32 too (drawn in float32), and its float64 input:
+    what the check draws (and the test of its mistakes)."""
+    module = ref.PositionwiseFeedForward(case.d_model, case.d_ff)
+    ffn64 = randomise(module, Inputs(seed_for(name, hidden, i, "weights"))).double().eval()
+    return ffn64, Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
 
 
 def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
     """Check a learner's ``ffn_as_conv1d(ffn) -> nn.Module`` on FFNs the learner did not write."""
     name = "ffn_as_conv1d"
     cases = HIDDEN_CONV if hidden else VISIBLE_CONV
-    seed = 4200 if hidden else 420
-    built = {}  # each case's module, built once (its notes in a graded run printed once) and moved through the grid
 
-    def check_case(i: int, case: ConvCase, device, dtype) -> None:
-        ffn64 = _reference_ffn_float32(case, seed + i)
-        if i not in built:
-            built[i] = _conv_from_the_learner(name, ffn_as_conv1d, ffn64)
-        conv = built[i]
+    def build(i: int, case: ConvCase) -> nn.Module:  # once per case (its notes in a graded run printed once)
+        return _conv_from_the_learner(name, ffn_as_conv1d, _conv_drawn(name, case, hidden, i)[0])
+
+    def check_case(i: int, case: ConvCase, device, dtype, conv: nn.Module) -> None:
+        ffn64, x64 = _conv_drawn(name, case, hidden, i)
         conv.to(device=device, dtype=dtype)
-        x64 = Inputs(seed + i).randn(case.batch, case.length, case.d_model)
         with torch.no_grad():
             expected = ffn64(x64)
         x = x64.to(device=device, dtype=dtype)
         _expect_convolutions_do_the_work(name, conv, x)
         out = output_like_input(name, conv, x).detach()
         if not close(out, expected):
-            _name_the_conv_mistake(name, out, expected, conv, x64, ffn64)
+            name_the_mistake(name, "the output", out, expected, candidates(CONV_MISTAKES, ref.ffn_as_conv1d(ffn64), x64),
+                             otherwise=lambda: _expect_copied_weights(name, conv, ffn64),
+                             against="the FFN it was built from")
         if (device, dtype) == grid()[-1]:  # the case's last run: this puts new weights into the convolutions
-            _expect_output_follows_the_convolutions(name, conv, ffn64, x64, seed + i)
+            draw = Inputs(seed_for(name, hidden, i, "new weights"))
+            _expect_output_follows_the_convolutions(name, conv, ffn64, x64, draw)
 
     with strict_numerics():
-        run_cases(name, cases, check_case)
+        run_cases(name, cases, check_case, prepare=build)
 
 
-def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
-    # Not ``name_the_mistake``: its fallback would come before the copied weights are diagnosed, and would name
-    # "the reference" where the learner knows only "the FFN it was built from".
-    for mistake, result in candidates(CONV_MISTAKES, ref.ffn_as_conv1d(ffn64), x64):
-        if isinstance(result, torch.Tensor) and close(out, result):
-            fail(name, mistake.problem, mistake.hint)
+def _expect_copied_weights(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward) -> None:
+    """Why a module that is none of the known mistakes is wrong, when it is its weights: each convolution
+    must hold the weights and bias of the Linear layer it replaces."""
     layers = [m for m in conv.modules() if is_a(m, nn.Conv1d)]
     for linear, which in ((ffn64.linear1, "linear1"), (ffn64.linear2, "linear2")):
         weight = linear.weight.unsqueeze(-1)  # (out, in, 1): a Linear weight as a 1x1 kernel
@@ -349,7 +345,6 @@ def _name_the_conv_mistake(name, out, expected, conv, x64, ffn64) -> None:
                 f"the bias of the convolution that replaces {which} is not {which}'s bias (biases not copied)",
                 f"copy ffn.{which}.bias into the convolution's bias too.",
             )
-    fail_difference(name, "the output", out, expected, against="the FFN it was built from")
 
 
 # ----------------------------------------------------------------------------------------- LayerNorm
@@ -442,15 +437,14 @@ NO_PARAMETERS_HINT = (
 )
 
 
-def _layer_norm_input(case: LayerNormCase, seed: int) -> torch.Tensor:
-    draw = Inputs(seed)
-    offset = 3 * draw.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
-    return (draw.randn(*case.shape) + offset) * case.scale
-
-
-def _reference_layer_norm(case: LayerNormCase, seed: int) -> ref.LayerNorm:
+def _layer_norm_drawn(name, case: LayerNormCase, hidden: bool, i: int) -> tuple[ref.LayerNorm, torch.Tensor]:
+    """Case ``i``'s reference LayerNorm, with random weights, and its input, float64 on the CPU: what the
+    check draws (and the test of its mistakes)."""
     eps = 1e-5 if case.eps is None else case.eps
-    return randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed + 500))
+    reference = randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed_for(name, hidden, i, "weights")))
+    draw = Inputs(seed_for(name, hidden, i))
+    offset = 3 * draw.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
+    return reference, (draw.randn(*case.shape) + offset) * case.scale
 
 
 def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
@@ -468,44 +462,42 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
     """Check a learner's ``LayerNorm(d_model, eps=1e-5)`` against the reference, values and gradients."""
     name = "LayerNorm"
     cases = HIDDEN_LAYER_NORM if hidden else VISIBLE_LAYER_NORM
-    seed = 4300 if hidden else 430
 
     def check_case(i: int, case: LayerNormCase, device, dtype) -> None:
-        module = _loaded_layer_norm(name, LayerNorm, case, seed + i, device, dtype)
-        x64 = _layer_norm_input(case, seed + i)
+        module = _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype)
+        reference, x64 = _layer_norm_drawn(name, case, hidden, i)
+        expected = reference(x64).detach()  # before the learner's code meets x (on the CPU in float64, x is x64)
         x = x64.to(device=device, dtype=dtype)
         out = output_like_input(name, module, x).detach()
-        reference = _reference_layer_norm(case, seed + i)
-        expected = reference(x64).detach()
         if not close(out, expected):
             name_the_mistake(name, "the output", out, expected, candidates(LAYER_NORM_MISTAKES, reference, x64))
 
     def gradients_and_devices() -> None:
         for device, dtype in grid():
-            _expect_layer_norm_gradients(name, LayerNorm, cases[0], seed, device, dtype)
-        module = _loaded_layer_norm(name, LayerNorm, cases[0], seed, torch.device("cpu"), torch.float64)
-        expect_device_agnostic(name, _module_on_meta(module), (_layer_norm_input(cases[0], seed),))
+            _expect_layer_norm_gradients(name, LayerNorm, cases[0], hidden, 0, device, dtype)
+        module = _loaded_layer_norm(name, LayerNorm, cases[0], hidden, 0, torch.device("cpu"), torch.float64)
+        expect_device_agnostic(name, _module_on_meta(module), (_layer_norm_drawn(name, cases[0], hidden, 0)[1],))
 
     with strict_numerics():
         run_cases(name, cases, check_case, after=gradients_and_devices)
 
 
-def _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype) -> nn.Module:
+def _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype) -> nn.Module:
+    """The learner's LayerNorm with case ``i``'s weights (a reference drawn for it alone)."""
     module = _construct_layer_norm(name, LayerNorm, case).to(torch.float64)
-    copy_weights(name, module, _reference_layer_norm(case, seed), NO_PARAMETERS_HINT)
+    copy_weights(name, module, _layer_norm_drawn(name, case, hidden, i)[0], NO_PARAMETERS_HINT)
     return module.to(device=device, dtype=dtype)
 
 
-def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, seed: int, device, dtype) -> None:
+def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i, device, dtype) -> None:
     """Backpropagate a random upstream gradient through the learner's and the reference LayerNorm."""
-    x64 = _layer_norm_input(case, seed)
-    upstream = Inputs(seed + 700).randn(*case.shape)
-    reference = _reference_layer_norm(case, seed)
+    reference, x64 = _layer_norm_drawn(name, case, hidden, i)
+    upstream = Inputs(seed_for(name, hidden, i, "upstream")).randn(*case.shape)
     x_ref = x64.clone().requires_grad_()
     (reference(x_ref) * upstream).sum().backward()
     expected = {"x": x_ref.grad, "weight": reference.weight.grad, "bias": reference.bias.grad}
 
-    module = _loaded_layer_norm(name, LayerNorm, case, seed, device, dtype)
+    module = _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype)
     x = x64.to(device=device, dtype=dtype)
     upstream = upstream.to(device=device, dtype=dtype)
     actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, upstream, ["weight", "bias"]), (x,))
@@ -630,33 +622,34 @@ def _reference_connection(norm: ref.LayerNorm, norm_first: bool) -> ref.Sublayer
     return connection
 
 
-def _sublayer(case: SublayerCase, seed: int, device=torch.device("cpu"), dtype=torch.float64) -> Callable:
-    """The sublayer the learner did not write: self-attention with no parameters, or a random position-wise layer."""
+def _sublayer_drawn(name, case: SublayerCase, hidden: bool, i: int) -> tuple[ref.LayerNorm, Callable, torch.Tensor]:
+    """Case ``i``'s LayerNorm (random weights), sublayer and input, float64 on the CPU: what the check draws
+    (and the test of its mistakes). The sublayer is one the learner did not write: self-attention with no
+    parameters, or a random position-wise layer."""
+    x64 = 2 * Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model) + 1
+    norm = randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed_for(name, hidden, i, "weights")))
     if case.sublayer == "attention":
-        return stand_ins.attention_sublayer
-    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), Inputs(seed + 600))
-    layers = stand_ins.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()})
-    return layers.to(device=device, dtype=dtype)
+        return norm, stand_ins.attention_sublayer, x64
+    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), Inputs(seed_for(name, hidden, i, "sublayer")))
+    return norm, stand_ins.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()}), x64
 
 
-def _reference_norm(case: SublayerCase, seed: int) -> ref.LayerNorm:
-    return randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed + 500))
+def _moved(f: Callable, device, dtype=torch.float64) -> Callable:
+    """A copy of the sublayer ``f`` on ``device`` in ``dtype`` (the parameter-free attention as it is)."""
+    return copy.deepcopy(f).to(device=device, dtype=dtype) if isinstance(f, nn.Module) else f
 
 
-def _sublayer_input(case: SublayerCase, seed: int) -> torch.Tensor:
-    return 2 * Inputs(seed).randn(case.batch, case.length, case.d_model) + 1
-
-
-def _sublayer_connection(name, SublayerConnection, case: SublayerCase, seed, device, dtype, dropout=None):
-    """The learner's module with a known LayerNorm swapped into ``self.norm``: PyTorch's, with the
-    reference's random weights (the learner's own LayerNorm is graded on its own)."""
+def _sublayer_connection(name, SublayerConnection, case: SublayerCase, norm: ref.LayerNorm, device, dtype,
+                         dropout=None):
+    """The learner's module with a known LayerNorm swapped into ``self.norm``: PyTorch's, with the weights of
+    ``norm``, the reference's (the learner's own LayerNorm is graded on its own)."""
     p = case.dropout if dropout is None else dropout
     module = construct(name, SublayerConnection, case.d_model, dropout=p, norm_first=case.norm_first)
     if not is_module(getattr(module, "norm", None)):
         fail(name, "has no LayerNorm module `self.norm`", NORM_HINT)
-    norm = nn.LayerNorm(case.d_model, dtype=torch.float64)
-    norm.load_state_dict(_reference_norm(case, seed).state_dict())
-    module.norm = norm
+    known = nn.LayerNorm(case.d_model, dtype=torch.float64)
+    known.load_state_dict(norm.state_dict())
+    module.norm = known
     return module.to(device=device, dtype=dtype)
 
 
@@ -664,58 +657,55 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
     """Check a learner's ``SublayerConnection(d_model, dropout=0.0, norm_first=False)``, both placements."""
     name = "SublayerConnection"
     cases = HIDDEN_SUBLAYER if hidden else VISIBLE_SUBLAYER
-    seed = 4400 if hidden else 440
+
+    def check_case(i: int, case: SublayerCase, device, dtype) -> None:
+        norm, f, x64 = _sublayer_drawn(name, case, hidden, i)
+        module = _sublayer_connection(name, SublayerConnection, case, norm, device, dtype)
+        with torch.no_grad():  # before the learner's code meets x (on the CPU in float64, x is x64)
+            expected = (_pre if case.norm_first else _post)(x64, f, norm)
+        x = x64.to(device=device, dtype=dtype)
+        sublayer = lend(module, stand_ins.CountedSublayer(_moved(f, device, dtype)))
+        out = call(name, module, x, sublayer)
+        if sublayer.calls != 1:  # the grader's own count: the sublayer is lent (``lend``)
+            fail(
+                name,
+                f"calls the sublayer {sublayer.calls} times in one forward pass",
+                "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
+            )
+        expect_tensor(name, "the output", out, x.shape, like=x)
+        out = out.detach()
+        _expect_deterministic(name, out, lambda: call(name, module, x, sublayer).detach())
+        if close(out, expected):
+            return
+        made = candidates(SUBLAYER_MISTAKES, _reference_connection(norm, case.norm_first), x64, f)
+        placement = "Pre-LN (norm_first=True)" if case.norm_first else "Post-LN (norm_first=False)"
+        name_the_mistake(name, f"the {placement} output", out, expected, made)
 
     def training_mode_and_devices() -> None:
         for device in devices():
             for i, case in enumerate(cases[:2]):  # one Post-LN and one Pre-LN case, in training mode
-                _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, seed + i, device)
-        module = _sublayer_connection(name, SublayerConnection, cases[0], seed, torch.device("cpu"), torch.float64)
-        sublayer = _sublayer(cases[0], seed, torch.device("meta"))
-        expect_device_agnostic(name, _module_on_meta(module), (_sublayer_input(cases[0], seed), sublayer))
+                _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, hidden, i, device)
+        norm, f, x64 = _sublayer_drawn(name, cases[0], hidden, 0)
+        module = _sublayer_connection(name, SublayerConnection, cases[0], norm, torch.device("cpu"), torch.float64)
+        expect_device_agnostic(name, _module_on_meta(module), (x64, _moved(f, torch.device("meta"))))
 
     with strict_numerics():
-        run_cases(name, cases, lambda i, case, device, dtype: _check_sublayer_case(
-            name, SublayerConnection, case, seed + i, device, dtype), after=training_mode_and_devices)
+        run_cases(name, cases, check_case, after=training_mode_and_devices)
 
 
-def _check_sublayer_case(name, SublayerConnection, case: SublayerCase, seed: int, device, dtype) -> None:
-    module = _sublayer_connection(name, SublayerConnection, case, seed, device, dtype)
-    x64 = _sublayer_input(case, seed)
-    norm, f = _reference_norm(case, seed), _sublayer(case, seed)
-    with torch.no_grad():  # before the learner's code meets x (on the CPU in float64, x is x64)
-        expected = (_pre if case.norm_first else _post)(x64, f, norm)
-    x = x64.to(device=device, dtype=dtype)
-    sublayer = lend(module, stand_ins.CountedSublayer(_sublayer(case, seed, device, dtype)))
-    out = call(name, module, x, sublayer)
-    if sublayer.calls != 1:  # the grader's own count: the sublayer is lent (``lend``)
-        fail(
-            name,
-            f"calls the sublayer {sublayer.calls} times in one forward pass",
-            "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
-        )
-    expect_tensor(name, "the output", out, x.shape, like=x)
-    out = out.detach()
-    _expect_deterministic(name, out, lambda: call(name, module, x, sublayer).detach())
-    if close(out, expected):
-        return
-    made = candidates(SUBLAYER_MISTAKES, _reference_connection(norm, case.norm_first), x64, f)
-    placement = "Pre-LN (norm_first=True)" if case.norm_first else "Post-LN (norm_first=False)"
-    name_the_mistake(name, f"the {placement} output", out, expected, made)
-
-
-def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: SublayerCase, seed: int, device) -> None:
+def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: SublayerCase, hidden: bool, i: int,
+                                         device) -> None:
     """In training mode, with dropout 0.5: the identity path is never dropped, the sublayer's output is.
 
     Seeded, so the verdict is the same on every run; the properties hold for any dropout mask.
     """
-    module = _sublayer_connection(name, SublayerConnection, case, seed, device, torch.float64, TRAIN_DROPOUT).train()
-    norm = _reference_norm(case, seed).to(device)
-    x = _sublayer_input(case, seed).to(device)
+    norm, f, x64 = _sublayer_drawn(name, case, hidden, i)
+    module = _sublayer_connection(name, SublayerConnection, case, norm, device, torch.float64, TRAIN_DROPOUT).train()
+    norm, x, f = norm.to(device), x64.to(device), _moved(f, device)
     forked = [device.index or 0] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=forked), torch.no_grad():
         residual_only = norm(x) if not case.norm_first else x.clone()  # before the learner's code meets x
-        torch.manual_seed(seed)
+        torch.manual_seed(seed_for(name, hidden, i, "dropout"))
         out = call(name, module, x, lend(module, torch.zeros_like))
         if not close(out, residual_only):
             fail(
@@ -726,7 +716,6 @@ def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: Sublaye
                 "dropout belongs on the sublayer's output only: x + dropout(sublayer(...)); the identity path "
                 "must carry x untouched.",
             )
-        f = _sublayer(case, seed, device)  # drawn here, as the seeded dropout masks have always been drawn
         full = x + f(norm(x)) if case.norm_first else norm(x + f(x))  # x as drawn: `call` saw it unchanged
         out = call(name, module, x, lend(module, f))
         if close(out, full):

@@ -2,8 +2,8 @@
 
 The module check builds an ``nn.MultiheadAttention`` with seeded weights, turns it into the reference
 with ``MultiHeadAttention.from_torch``, loads those weights into the learner's module, and compares the
-learner's output with both. Visible checks use one fixed set of shapes and seeds; the hidden ones use
-others, with m != n, batch > 1, h in {1, 2, 4, ...} and both bias settings.
+learner's output with both. Visible checks use one fixed set of shapes; the hidden ones use others, with
+m != n, batch > 1, h in {1, 2, 4, ...} and both bias settings, and draw other numbers (``seed_for``).
 """
 
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ from .harness import (
     name_the_mistake,
     randomise,
     run_cases,
+    seed_for,
     strict_numerics,
 )
 from .how import expect_device_agnostic
@@ -103,15 +104,24 @@ MERGE_MISTAKES = [
 ]
 
 
+def _split_input(case: HeadsCase, hidden: bool, i: int) -> torch.Tensor:
+    """split_heads' input x, (B, T, h * d_k), of case ``i`` of the visible or hidden cases, float64 on the CPU."""
+    return Inputs(seed_for("split_heads", hidden, i)).randn(case.batch, case.length, case.n_heads * case.d_k)
+
+
+def _merge_input(case: HeadsCase, hidden: bool, i: int) -> torch.Tensor:
+    """merge_heads' input x, (B, h, T, d_k), of case ``i`` of the visible or hidden cases, float64 on the CPU."""
+    return Inputs(seed_for("merge_heads", hidden, i)).randn(case.batch, case.n_heads, case.length, case.d_k)
+
+
 def check_split_heads(split_heads, hidden: bool = False) -> None:
     """Check a learner's ``split_heads(x, n_heads)``: (B, T, d_model) -> (B, h, T, d_k)."""
     name = "split_heads"
     cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
-    seed = 3000 if hidden else 300
 
     def check_case(i: int, case: HeadsCase, device, dtype) -> None:
         B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
-        x64 = Inputs(seed + i).randn(B, T, h * d_k)
+        x64 = _split_input(case, hidden, i)
         x = x64.to(dtype=dtype, device=device)
         out = _call_reporting_views(name, split_heads, x, h)
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
@@ -127,18 +137,17 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
 
     with strict_numerics():
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
-            name, split_heads, (Inputs(seed).randn(2, 3, 8), cases[0].n_heads)))
+            name, split_heads, (Inputs(seed_for(name, hidden, "device")).randn(2, 3, 8), cases[0].n_heads)))
 
 
 def check_merge_heads(merge_heads, hidden: bool = False) -> None:
     """Check a learner's ``merge_heads(x)``: (B, h, T, d_k) -> (B, T, h * d_k), the inverse of split_heads."""
     name = "merge_heads"
     cases = HIDDEN_HEADS if hidden else VISIBLE_HEADS
-    seed = 3100 if hidden else 310
 
     def check_case(i: int, case: HeadsCase, device, dtype) -> None:
         B, T, h, d_k = case.batch, case.length, case.n_heads, case.d_k
-        x64 = Inputs(seed + i).randn(B, h, T, d_k)
+        x64 = _merge_input(case, hidden, i)
         x = x64.to(dtype=dtype, device=device)
         out = _call_reporting_views(name, merge_heads, x)
         expect_tensor(name, "the output", out, (B, T, h * d_k), like=x)
@@ -148,7 +157,7 @@ def check_merge_heads(merge_heads, hidden: bool = False) -> None:
 
     with strict_numerics():
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
-            name, merge_heads, (Inputs(seed).randn(2, 2, 3, 4),)))
+            name, merge_heads, (Inputs(seed_for(name, hidden, "device")).randn(2, 2, 3, 4),)))
 
 
 # ---------------------------------------------------------------------------------- MultiHeadAttention
@@ -182,9 +191,9 @@ HIDDEN_MHA = [
 ]
 
 
-def _mha_inputs(case: MHACase, seed: int):
-    """Float64 CPU x, y, our mask (True = may attend) and torch's two masks (True = blocked)."""
-    draw = Inputs(seed)
+def _mha_inputs(case: MHACase, hidden: bool, i: int):
+    """Case ``i``'s float64 CPU x, y, our mask (True = may attend) and torch's two masks (True = blocked)."""
+    draw = Inputs(seed_for("MultiHeadAttention", hidden, i))
     B, m, n, h = case.batch, case.m, case.n, case.n_heads
     x = draw.randn(B, m, case.d_model)
     y = x if case.self_attention else draw.randn(B, n, case.d_model)
@@ -200,12 +209,12 @@ def _mha_inputs(case: MHACase, seed: int):
     return x, y, mask, key_padding, attn
 
 
-def _modules(case: MHACase, seed: int):
-    """An nn.MultiheadAttention with seeded weights and the reference built from it."""
+def _modules(case: MHACase, hidden: bool, i: int):
+    """Case ``i``'s nn.MultiheadAttention with seeded weights and the reference built from it."""
     torch_mha = nn.MultiheadAttention(
         case.d_model, case.n_heads, bias=case.bias, batch_first=True, dtype=torch.float64
     ).eval()
-    randomise(torch_mha, Inputs(seed + 500))
+    randomise(torch_mha, Inputs(seed_for("MultiHeadAttention", hidden, i, "weights")))
     return torch_mha, ref.MultiHeadAttention.from_torch(torch_mha).eval()
 
 
@@ -326,50 +335,49 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
     """Check a learner's ``MultiHeadAttention(d_model, n_heads, bias=False)``: forward(x, y=None, mask=None)."""
     name = "MultiHeadAttention"
     cases = HIDDEN_MHA if hidden else VISIBLE_MHA
-    seed = 3200 if hidden else 320
 
-    def check_case(i: int, case: MHACase, device, dtype) -> None:
-        torch_mha, reference = _modules(case, seed + i)
+    def check_case(i: int, case: MHACase, device, dtype, modules) -> None:
+        """The learner's forward on case ``i`` against the reference's, then against torch's."""
+        torch_mha, reference = modules
         args = (case.d_model, case.n_heads) + ((True,) if case.bias else ())  # bias=False by default
         learner = construct(name, MultiHeadAttention, *args)
         _expect_contract_parameters(name, learner, case)
         learner.to(dtype=dtype, device=device)
         copy_weights(name, learner, reference, CONTRACT)
-        _check_mha_case(name, learner, reference, torch_mha, case, _mha_inputs(case, seed + i), dtype, device)
+        inputs = _mha_inputs(case, hidden, i)
+        inputs64 = inputs[:3]  # x, y and our mask
+        expected = reference(*inputs64)
+        torch_output, _ = torch_mha(
+            inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4], need_weights=False
+        )
+        x, y, mask = (None if t is None else t.to(device) for t in inputs64)
+        x, y = x.to(dtype), y.to(dtype)
+        result = _forward(name, learner, case, x, y, mask)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(name, f"forward should return a tuple (output, weights), got {type(result).__name__}")
+        out, weights = result
+        _expect_weights_per_head_and_key(name, weights, expected[1].shape)
+        expect_tensor(name, "output", out, expected[0].shape, like=x)
+        expect_tensor(name, "weights", weights, expected[1].shape, like=x)
+        if torch.isnan(out).any() or torch.isnan(weights).any():
+            fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
+        if not close(weights, expected[1]):
+            name_the_mistake(name, "the weights", weights, expected[1],
+                             candidates(MHA_MISTAKES, reference, *inputs64, part=1))
+        if not close(out, expected[0]):
+            name_the_mistake(name, "the output", out, expected[0],
+                             candidates(MHA_MISTAKES, reference, *inputs64, part=0))
+        if not close(out, torch_output):
+            fail_difference(name, "the output", out, torch_output,
+                            against="nn.MultiheadAttention with the same weights")
 
     def device_agnostic() -> None:
-        masked = next(c for c in cases if c.mask is not None)
-        learner = construct(name, MultiHeadAttention, masked.d_model, masked.n_heads).to("meta")
-        expect_device_agnostic(name, learner, _mha_inputs(masked, seed)[:3])
+        masked = next(i for i, c in enumerate(cases) if c.mask is not None)
+        learner = construct(name, MultiHeadAttention, cases[masked].d_model, cases[masked].n_heads).to("meta")
+        expect_device_agnostic(name, learner, _mha_inputs(cases[masked], hidden, masked)[:3])
 
     with strict_numerics(), torch.no_grad():
-        run_cases(name, cases, check_case, after=device_agnostic)
-
-
-def _check_mha_case(name, learner, reference, torch_mha, case, inputs, dtype, device) -> None:
-    """The learner's forward on ``inputs`` (``_mha_inputs``) against the reference's, then against torch's."""
-    inputs64 = inputs[:3]  # x, y and our mask
-    expected = reference(*inputs64)
-    torch_output, _ = torch_mha(
-        inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4], need_weights=False
-    )
-    x, y, mask = (None if t is None else t.to(device) for t in inputs64)
-    x, y = x.to(dtype), y.to(dtype)
-    result = _forward(name, learner, case, x, y, mask)
-    if not (isinstance(result, tuple) and len(result) == 2):
-        fail(name, f"forward should return a tuple (output, weights), got {type(result).__name__}")
-    out, weights = result
-    _expect_weights_per_head_and_key(name, weights, expected[1].shape)
-    expect_tensor(name, "output", out, expected[0].shape, like=x)
-    expect_tensor(name, "weights", weights, expected[1].shape, like=x)
-    if torch.isnan(out).any() or torch.isnan(weights).any():
-        fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
-    if not (close(out, expected[0]) and close(weights, expected[1])):
-        if not close(weights, expected[1]):
-            name_the_mistake(name, "the weights", weights, expected[1], candidates(MHA_MISTAKES, reference, *inputs64, part=1))
-        name_the_mistake(name, "the output", out, expected[0], candidates(MHA_MISTAKES, reference, *inputs64, part=0))
-    if not close(out, torch_output):
-        fail_difference(name, "the output", out, torch_output, against="nn.MultiheadAttention with the same weights")
+        run_cases(name, cases, check_case, after=device_agnostic, prepare=lambda i, case: _modules(case, hidden, i))
 
 
 def _expect_weights_per_head_and_key(name, weights, shape) -> None:
