@@ -7,9 +7,8 @@ import pytest
 import torch
 
 from autograde_tests.checks import transformer as checks
-from autograde_tests.checks.harness import Inputs, default_dtype
+from autograde_tests.checks.harness import default_dtype
 from autograde_tests.reference import transformer as ref
-from autograde_tests.toy_task import reversal_batch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,28 +39,27 @@ def shows(mistake, reference, cases) -> bool:
     return shown != (mistake.problem in NEVER_RUN)
 
 
-def layer_cases(reference_cls, arguments, seeds):
-    for seed, cases in zip(seeds, (checks.VISIBLE_LAYER, checks.HIDDEN_LAYER)):
+def layer_cases(reference_cls, arguments):
+    """The reference layer and its arguments for every case, visible and hidden, drawn as the check draws them."""
+    for hidden, cases in ((False, checks.VISIBLE_LAYER), (True, checks.HIDDEN_LAYER)):
         for i, case in enumerate(cases):
-            layer = checks._reference_layer(reference_cls, case, seed + i)
-            yield layer, *arguments(checks._layer_inputs(case, seed + i))
+            layer, inputs = checks._layer_case(reference_cls, case, hidden, i)
+            yield layer, *arguments(inputs)
 
 
 def model_cases():
     """The reference model with the check's stand-in layers, its inputs and memory, for every case."""
-    for seed, cases in ((540, checks.VISIBLE_MODEL), (5400, checks.HIDDEN_MODEL)):
+    for hidden, cases in ((False, checks.VISIBLE_MODEL), (True, checks.HIDDEN_MODEL)):
         for i, case in enumerate(cases):
-            reference = checks._reference_model(case, seed + i)
-            model = checks._with_stand_in_layers(copy.deepcopy(reference), checks._stand_in_states(case, seed + i))
-            src, tgt, src_mask, tgt_mask = checks._model_inputs(case, seed + i)
+            reference, states, (src, tgt, src_mask, tgt_mask) = checks._model_case(case, hidden, i)
+            model = checks._with_stand_in_layers(copy.deepcopy(reference), states)
             yield model, src, tgt, src_mask, tgt_mask, model.encode(src, src_mask)
 
 
 def loss_cases():
-    for seed, cases in ((550, checks.VISIBLE_DATA), (5500, checks.HIDDEN_DATA)):
+    for hidden, cases in ((False, checks.VISIBLE_DATA), (True, checks.HIDDEN_DATA)):
         for i, case in enumerate(cases):
-            model = checks._stand_in_model(13, 16, seed + i + 500)
-            yield model, *reversal_batch(Inputs(seed + i).generator, case.batch, case.min_len, case.max_len)
+            yield checks._loss_case(case, hidden, i)
 
 
 @pytest.mark.parametrize("mistake", checks.PE_MISTAKES, ids=lambda m: m.problem[:40])
@@ -72,13 +70,13 @@ def test_a_positional_encoding_mistake_shows_on_the_checks_cases(mistake):
 
 @pytest.mark.parametrize("mistake", checks.ENCODER_MISTAKES, ids=lambda m: m.problem[:40])
 def test_an_encoder_layer_mistake_shows_on_the_checks_cases(mistake):
-    cases = layer_cases(ref.EncoderLayer, checks._encoder_arguments, (520, 5200))
+    cases = layer_cases(ref.EncoderLayer, checks._encoder_arguments)
     assert shows(mistake, lambda layer, *args: layer(*args), cases)
 
 
 @pytest.mark.parametrize("mistake", checks.DECODER_MISTAKES, ids=lambda m: m.problem[:40])
 def test_a_decoder_layer_mistake_shows_on_the_checks_cases(mistake):
-    assert shows(mistake, lambda layer, *args: layer(*args), layer_cases(ref.DecoderLayer, tuple, (530, 5300)))
+    assert shows(mistake, lambda layer, *args: layer(*args), layer_cases(ref.DecoderLayer, tuple))
 
 
 @pytest.mark.parametrize("mistake", checks.ENCODE_MISTAKES, ids=lambda m: m.problem[:40])
