@@ -471,12 +471,12 @@ def differs_somewhere(compute, reference, inputs) -> bool:
 
 
 def test_every_mistake_differs_from_the_reference_on_the_checks_own_cases():
-    tiled = [(*_tiled_inputs(case, 7200 + i), case.block_q, case.block_k, case.causal)
-             for cases in (VISIBLE_TILED, HIDDEN_TILED) for i, case in enumerate(cases)]
+    tiled = [(*_tiled_inputs(i, case, hidden), case.block_q, case.block_k, case.causal)
+             for hidden, cases in ((False, VISIBLE_TILED), (True, HIDDEN_TILED)) for i, case in enumerate(cases)]
     for mistake in TILED_MISTAKES:
         assert differs_somewhere(mistake.compute, reference_tiled_attention, tiled), mistake.problem
-    chunks = [(list(_online_input(case, 7000 + i).split(case.sizes, dim=-1)),)
-              for cases in (VISIBLE_ONLINE, HIDDEN_ONLINE) for i, case in enumerate(cases)]
+    chunks = [(list(_online_input(i, case, hidden).split(case.sizes, dim=-1)),)
+              for hidden, cases in ((False, VISIBLE_ONLINE), (True, HIDDEN_ONLINE)) for i, case in enumerate(cases)]
     for part, mistakes in ((0, MAXIMUM_MISTAKES), (1, ONLINE_MISTAKES)):
         for mistake in mistakes:
             assert differs_somewhere(lambda c: mistake.compute(c)[part], lambda c: reference_online_softmax(c)[part],

@@ -36,9 +36,11 @@ from .harness import (
     expect_tensor,
     fail,
     learner_step,
+    matching_mistake,
     name_the_mistake,
     run_beside,
     run_cases,
+    seed_for,
     strict_numerics,
 )
 from .how import expect_device_agnostic, forbid_built_ins, kernel_reported
@@ -90,9 +92,10 @@ HIDDEN_ONLINE = [
 ]
 
 
-def _online_input(case: OnlineCase, seed: int) -> torch.Tensor:
-    """(..., n) rows whose scores rise along the row, so that most rows find a new maximum in a later chunk."""
-    draw = Inputs(seed)
+def _online_input(i: int, case: OnlineCase, hidden: bool) -> torch.Tensor:
+    """Case ``i``'s (..., n) rows, float64 on the CPU, whose scores rise along the row, so that most rows find a
+    new maximum in a later chunk."""
+    draw = Inputs(seed_for("online_softmax", hidden, i))
     n = sum(case.sizes)
     return 2 * draw.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
 
@@ -158,10 +161,9 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
     """Check a learner's ``online_softmax(chunks) -> (m, l)``: the row maximum and sum(exp(x - m)), one pass."""
     name = "online_softmax"
     cases = HIDDEN_ONLINE if hidden else VISIBLE_ONLINE
-    seed = 7100 if hidden else 7000
 
     def check_case(i: int, case: OnlineCase, device, dtype) -> None:
-        x64 = _online_input(case, seed + i)
+        x64 = _online_input(i, case, hidden)
         expected_m = x64.amax(-1, keepdim=True)
         expected_l = torch.exp(x64 - expected_m).sum(-1, keepdim=True)
         x = x64.to(dtype=dtype, device=device)
@@ -246,8 +248,9 @@ HIDDEN_TILED = [
 ]
 
 
-def _tiled_inputs(case: TiledCase, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    draw = Inputs(seed)
+def _tiled_inputs(i: int, case: TiledCase, hidden: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Case ``i``'s q (..., m, d_k), k (..., n, d_k) and v (..., n, d_v), float64 on the CPU."""
+    draw = Inputs(seed_for("tiled_attention", hidden, i))
     return (draw.randn(*case.batch, case.m, case.d_k), draw.randn(*case.batch, case.n, case.d_k),
             draw.randn(*case.batch, case.n, case.d_v))
 
@@ -361,27 +364,22 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
     """Check a learner's ``tiled_attention(q, k, v, block_q, block_k, causal=False) -> (..., m, d_v)``."""
     name = "tiled_attention"
     cases = HIDDEN_TILED if hidden else VISIBLE_TILED
-    seed = 7300 if hidden else 7200
+    first = (*_tiled_inputs(0, cases[0], hidden), cases[0].block_q, cases[0].block_k)
 
     def check_case(i: int, case: TiledCase, device, dtype) -> None:
-        _check_tiled_case(name, tiled_attention, case, seed + i, device, dtype)
+        _check_tiled_case(name, tiled_attention, case, _tiled_inputs(i, case, hidden), device, dtype)
 
     def after() -> None:
-        causal = next(c for c in cases if c.causal and c.watched_for_memory())
-        _expect_half_the_work(name, tiled_attention, causal, seed + cases.index(causal))
-        plain = cases[0]
-        args = (*_tiled_inputs(plain, seed), plain.block_q, plain.block_k)
-        expect_device_agnostic(name, tiled_attention, args, {"causal": True})
+        i = next(i for i, c in enumerate(cases) if c.causal and c.watched_for_memory())
+        _expect_half_the_work(name, tiled_attention, cases[i], _tiled_inputs(i, cases[i], hidden))
+        expect_device_agnostic(name, tiled_attention, first, {"causal": True})
 
     with strict_numerics():
-        first = cases[0]
-        forbid_built_ins(name, tiled_attention, (*_tiled_inputs(first, seed), first.block_q, first.block_k),
-                   {"scaled_dot_product": FORBIDDEN["scaled_dot_product"]})
+        forbid_built_ins(name, tiled_attention, first, {"scaled_dot_product": FORBIDDEN["scaled_dot_product"]})
         run_cases(name, cases, check_case, after=after)
 
 
-def _check_tiled_case(name, tiled_attention, case: TiledCase, seed: int, device, dtype) -> None:
-    inputs64 = _tiled_inputs(case, seed)
+def _check_tiled_case(name, tiled_attention, case: TiledCase, inputs64: tuple, device, dtype) -> None:
     expected = F.scaled_dot_product_attention(*inputs64, is_causal=case.causal)
     q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64)
     report = _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": case.causal})
@@ -403,19 +401,19 @@ def _check_tiled_case(name, tiled_attention, case: TiledCase, seed: int, device,
             fail(name, "NaN for queries with no key to attend to (n = 0): the sum l is 0, and 0/0 is NaN",
                  "a query that may attend to nothing gets a zero output: divide only where l > 0, "
                  "e.g. torch.where(l > 0, acc / l, 0.0).")
-        for mistake, result in made:  # a mistake that leaves a query no key shows as NaN in its row
-            if isinstance(result, torch.Tensor) and close(out.nan_to_num(0.0), result):
-                fail(name, mistake.problem, mistake.hint)
+        mistake = matching_mistake(out.nan_to_num(0.0), made)  # one that leaves a query no key: NaN in its row
+        if mistake is not None:
+            fail(name, mistake.problem, mistake.hint)
         fail(name, "the result contains NaN", "exp(-inf - (-inf)) is NaN: is a running maximum still -inf when you use it?")
     if not close(out, expected):
         name_the_mistake(name, f"the output (causal={case.causal}, block_q={case.block_q}, block_k={case.block_k})",
                          out, expected, made)
 
 
-def _expect_half_the_work(name, tiled_attention, case: TiledCase, seed: int) -> None:
+def _expect_half_the_work(name, tiled_attention, case: TiledCase, inputs64: tuple) -> None:
     """The causal call must create about as few elements, against the same call without the mask, as the tiles
     it needs: halfway between that fraction and 1 is the limit (the bookkeeping per query block costs a little)."""
-    q, k, v = _tiled_inputs(case, seed)
+    q, k, v = inputs64
     made = {causal: _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": causal})["elements"]
             for causal in (False, True)}
     tiles = [math.ceil(min(case.n, i + case.block_q) / case.block_k) for i in range(0, case.m, case.block_q)]
