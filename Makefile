@@ -65,8 +65,8 @@ test: book book-instructor $(if $(shell command -v npm),proxy a11y)
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
 ## notebooks/ (the learners' release) with nbgrader.
 release: venv
-	$(BIN)/python -m autograde_tests.solution_regions
-	$(BIN)/python -m autograde_tests.notebook_form
+	$(BIN)/python -m autograde_tests.authoring.solution_regions
+	$(BIN)/python -m autograde_tests.authoring.notebook_form
 	for a in $(CHAPTERS); do $(BIN)/nbgrader generate_assignment "$$a" --force || exit 1; done
 
 ## Grade a class: submitted/<student>/<chapter>/ -> gradebook, autograded/, feedback/, grades.csv, reports/.
@@ -81,25 +81,25 @@ grade: venv
 ## ARGS="--figures 7" measures only attention at scale (chapter 7's figures; a few minutes).
 ## ARGS="--figures 8" measures only the times the notebooks promise (a few minutes).
 bench: venv
-	$(BIN)/python -m autograde_tests.bench $(ARGS)
+	$(BIN)/python -m autograde_tests.authoring.bench $(ARGS)
 
 ## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN, then three runs of the paper's recipe (recipe/), then chapter 6's language model on
 ## Shakespeare (a few minutes each on a CPU); writes the cached runs the books plot, book/_static/05_transformer/*.json
 ## and book/_static/06_decoder_only/shakespeare.json (then `make clean book` redraws the pages: the execution
 ## cache notices changed code, not changed data).
 train: venv
-	$(BIN)/python -m autograde_tests.training --out book/_static/05_transformer/post_ln.json
-	$(BIN)/python -m autograde_tests.training --norm-first --out book/_static/05_transformer/pre_ln.json
-	$(BIN)/python -m autograde_tests.training --schedule paper --out book/_static/05_transformer/recipe/paper_schedule.json
-	$(BIN)/python -m autograde_tests.training --schedule paper --label-smoothing 0.1 --dropout 0.1 \
+	$(BIN)/python -m autograde_tests.authoring.training --out book/_static/05_transformer/post_ln.json
+	$(BIN)/python -m autograde_tests.authoring.training --norm-first --out book/_static/05_transformer/pre_ln.json
+	$(BIN)/python -m autograde_tests.authoring.training --schedule paper --out book/_static/05_transformer/recipe/paper_schedule.json
+	$(BIN)/python -m autograde_tests.authoring.training --schedule paper --label-smoothing 0.1 --dropout 0.1 \
 		--out book/_static/05_transformer/recipe/paper_recipe.json
-	$(BIN)/python -m autograde_tests.training --label-smoothing 0.1 --dropout 0.1 \
+	$(BIN)/python -m autograde_tests.authoring.training --label-smoothing 0.1 --dropout 0.1 \
 		--out book/_static/05_transformer/recipe/cosine_smoothing_dropout.json
-	$(BIN)/python -m autograde_tests.lm_training --out book/_static/06_decoder_only/shakespeare.json
+	$(BIN)/python -m autograde_tests.authoring.lm_training --out book/_static/06_decoder_only/shakespeare.json
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv
-	$(BIN)/python -m autograde_tests.demo
+	$(BIN)/python -m autograde_tests.authoring.demo
 
 clean:
 	rm -rf _build

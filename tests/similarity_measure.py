@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 
 import tests.independent_answers as independent
-from autograde_tests import course, solution_regions
+from autograde_tests import course
+from autograde_tests.authoring import solution_regions
 from autograde_tests.grading import batch, similarity
 
 from .disguises import DISGUISES

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde_tests import training
+from autograde_tests.authoring import training
+from autograde_tests.authoring.training import Config
 from autograde_tests.toy_task import BOS, EOS, FIRST_DIGIT, PAD, solve, to_batch
-from autograde_tests.training import Config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde_tests import lm_training
-from autograde_tests.lm_training import Config
+from autograde_tests.authoring import lm_training
+from autograde_tests.authoring.lm_training import Config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 
-from autograde_tests.bench import kept_sections, pytest_summary
+from autograde_tests.authoring.bench import kept_sections, pytest_summary
 
 pytestmark = pytest.mark.slow
 
 
 def test_bench_smoke_run_writes_every_figure(tmp_path):
     out = tmp_path / "benchmarks.md"
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--smoke", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--out", str(out)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
@@ -25,12 +25,12 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
     assert "tiled, blocks of 32, T=128" in text and "MiB" in text
     assert "check that your Transformer can learn, all " in text and "(promised)" in text
-    assert "the similarity report of 06_decoder_only (6 exercises), a class of 4" in text
+    assert "the similarity report of 06_decoder_only (8 exercises), a class of 4" in text
 
 
 def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):
     out = tmp_path / "benchmarks.md"
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--smoke", "--figures", "7", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "7", "--out", str(out)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert list(kept_sections(out)) == ["7"]
@@ -44,7 +44,7 @@ def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data
 
 
 def test_bench_refuses_fewer_than_three_repeats():
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--repeats", "2"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--repeats", "2"], capture_output=True, text=True)
     assert run.returncode == 2 and "at least 3" in run.stderr
 
 
@@ -76,7 +76,7 @@ OLD_PAGE = """Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs, on:
 def test_figures_measured_again_replace_only_themselves(tmp_path):
     out = tmp_path / "benchmarks.md"
     out.write_text(OLD_PAGE)
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.bench", "--smoke", "--figures", "3", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "3", "--out", str(out)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     sections = kept_sections(out)

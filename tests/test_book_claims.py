@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograde_tests import course, training
-from autograde_tests.lm_training import attention_rows
+from autograde_tests import course
+from autograde_tests.authoring import training
+from autograde_tests.authoring.lm_training import attention_rows
 from autograde_tests.reference import apply_rotary
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import bench
+from autograde_tests.authoring import bench
 from autograde_tests.checks import transformer as transformer_checks
 from autograde_tests.grading import sandbox_kernel
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, solution_regions
+from autograde_tests import course
+from autograde_tests.authoring import solution_regions
 
 REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = course.chapters(REPO)

@@ -8,7 +8,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, solution_regions
+from autograde_tests import course
+from autograde_tests.authoring import solution_regions
 from autograde_tests.grading import similarity
 from autograde_tests.grading.__main__ import parse
 

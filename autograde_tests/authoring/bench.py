@@ -34,11 +34,11 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import course
-from .checks.harness import one_thread
-from .reference.attention import scaled_dot_product_attention
-from .reference.attention_at_scale import tiled_attention
-from .reference.multi_head_attention import MultiHeadAttention
+from .. import course
+from ..checks.harness import one_thread
+from ..reference.attention import scaled_dot_product_attention
+from ..reference.attention_at_scale import tiled_attention
+from ..reference.multi_head_attention import MultiHeadAttention
 
 REPO = Path.cwd()
 
@@ -161,7 +161,7 @@ def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder
     learners. Each learner's answers are the course's solution with a list of numbers of their own added,
     as long as the answer: every learner is then similar to the solution and no two learners are alike, so
     the time covers reading, fingerprinting and all the pairs, and the page has its full 100 pairs to show."""
-    from .grading import similarity
+    from ..grading import similarity
 
     root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-similarity-")))
     course.release(root, chapter)
@@ -203,7 +203,7 @@ def _forward_backward(forward: Callable[[], object]) -> Callable[[], None]:
 
 
 def reference_vs_torch(repeats: int, batch: int, length: int, d_model: int, lengths: list[int]) -> list[Row]:
-    from .reference.transformer import EncoderLayer
+    from ..reference.transformer import EncoderLayer
 
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     rows, n_heads = [], 8
@@ -256,7 +256,7 @@ def training(repeats: int, steps: int | None) -> list[Row]:
             seconds = statistics.median(run["seconds"] for run in runs)
             steps_text = "not reached" if None in reached else f"after {statistics.median(reached):.0f} steps"
             final = statistics.median(run["exact_match"] for run in runs)
-            row = (f"`python -m autograde_tests.training{' --norm-first' if norm_first else ''}` "
+            row = (f"`python -m autograde_tests.authoring.training{' --norm-first' if norm_first else ''}` "
                    f"({'Pre-LN' if norm_first else 'Post-LN'}, {config.steps} steps, {runs[0]['device']})",
                    f"{seconds:.0f} s; 99% exact match {steps_text}; final {final:.1%}")
             rows.append(Row(*row, f"{post_ln:.0f} s (Post-LN)", f"{seconds / post_ln:.2f}×") if post_ln else Row(*row))
@@ -276,7 +276,7 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
     import json
 
     from . import lm_training
-    from .reference.decoder_only import GPT, generate
+    from ..reference.decoder_only import GPT, generate
 
     config = lm_training.Config()
     with one_thread():  # as the training command does by default
@@ -478,8 +478,8 @@ def learn_check_run() -> tuple[float, int]:
     step), on the reference: its training's CPU seconds and steps."""
     from unittest import mock
 
-    from .checks import transformer as checks
-    from .reference import Transformer
+    from ..checks import transformer as checks
+    from ..reference import Transformer
 
     runs, train = [], checks._train
 

@@ -11,7 +11,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from . import course as c
+from .. import course as c
 
 STUDENTS = ("solved", "untouched", "one_mistake")
 

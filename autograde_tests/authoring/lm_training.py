@@ -5,8 +5,8 @@ the provenance): the first 90% trains, the last 10% (the end of A Midsummer Nigh
 
 Run it from the repository's root (``make train`` writes the book's cached run):
 
-    python -m autograde_tests.lm_training                        # a few minutes on one CPU core
-    python -m autograde_tests.lm_training --steps 200 --out /tmp/run.json
+    python -m autograde_tests.authoring.lm_training                        # a few minutes on one CPU core
+    python -m autograde_tests.authoring.lm_training --steps 200 --out /tmp/run.json
 
 Seeded and reproducible on one machine; it runs on a GPU unchanged when PyTorch sees one.
 """
@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .reference import GPT, apply_rotary, generate, lm_loss
+from ..reference import GPT, apply_rotary, generate, lm_loss
 from .training import learning_rate, pick_device, windows
 
-TEXT = Path(__file__).resolve().parent / "text" / "shakespeare.txt"
+TEXT = Path(__file__).resolve().parents[1] / "text" / "shakespeare.txt"
 LOSS_EVERY = 10  # the record keeps the mean loss of each window of this many steps
 PROMPT = "Ham.\n"
 SENTENCE = "To be, or not to be, that is the question."  # the attention maps' sentence
@@ -189,7 +189,7 @@ def record(model: GPT, vocab: Characters, config: Config, device, losses, evalua
 
 def main(argv: list[str] | None = None) -> dict:
     defaults = Config()
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.lm_training", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.lm_training", description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--lr", type=float, default=defaults.lr)

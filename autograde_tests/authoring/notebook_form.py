@@ -2,7 +2,7 @@
 
 JupyterLab stores the kernel's ``language_info`` in a notebook's metadata as soon as the kernel starts; a
 notebook that carries less (or another Python's) is marked modified before the learner types anything.
-``make release`` runs ``python -m autograde_tests.notebook_form`` before nbgrader copies the metadata into
+``make release`` runs ``python -m autograde_tests.authoring.notebook_form`` before nbgrader copies the metadata into
 ``notebooks/``. The form is this environment's: another Python version writes another ``version``.
 """
 
@@ -23,7 +23,7 @@ def in_saved_form(notebook: nbformat.NotebookNode) -> bool:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.notebook_form", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.notebook_form", description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
     for path in sorted(args.course.glob("solutions/[0-9]*/*.ipynb")):

@@ -5,7 +5,7 @@ notebook's ``### BEGIN SOLUTION`` regions show learners' answers. Each region si
 method (``softmax``, ``MultiHeadAttention.forward``); it holds the body of the reference's definition of
 the same name, docstring and ``super().__init__()`` left out, since the notebook states those itself.
 
-``python -m autograde_tests.solution_regions`` rewrites the regions of ``solutions/*/*.ipynb`` (``make
+``python -m autograde_tests.authoring.solution_regions`` rewrites the regions of ``solutions/*/*.ipynb`` (``make
 release`` runs it before nbgrader); ``--check`` only reports the regions that differ, which the test
 suite requires to be none. Signatures stay the notebook's own text; one that differs from the
 reference's is reported, and fails both.
@@ -119,7 +119,7 @@ def solution_notebooks(root: Path) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.solution_regions", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.solution_regions", description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd())
     parser.add_argument("--check", action="store_true", help="report the regions that differ; change nothing")
     args = parser.parse_args(argv)

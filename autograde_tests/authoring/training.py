@@ -5,10 +5,10 @@ sorted).
 
 Run it from the repository's root (``make train`` runs both placements and writes the book's cached run):
 
-    python -m autograde_tests.training                       # Post-LN, about three minutes on one CPU core
-    python -m autograde_tests.training --norm-first          # the same model with Pre-LN
-    python -m autograde_tests.training --steps 300 --out /tmp/run.json
-    python -m autograde_tests.training --schedule paper --label-smoothing 0.1 --dropout 0.1   # the paper's recipe
+    python -m autograde_tests.authoring.training                       # Post-LN, about three minutes on one CPU core
+    python -m autograde_tests.authoring.training --norm-first          # the same model with Pre-LN
+    python -m autograde_tests.authoring.training --steps 300 --out /tmp/run.json
+    python -m autograde_tests.authoring.training --schedule paper --label-smoothing 0.1 --dropout 0.1   # the paper's recipe
 
 Seeded and reproducible on one machine; it runs on a GPU unchanged when PyTorch sees one.
 """
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .reference import Transformer, greedy_decode, teacher_forcing_loss
-from .toy_task import BOS, EOS, FIRST_DIGIT, PAD, VOCAB, random_digits, solve, to_batch
+from ..reference import Transformer, greedy_decode, teacher_forcing_loss
+from ..toy_task import BOS, EOS, FIRST_DIGIT, PAD, VOCAB, random_digits, solve, to_batch
 
 LOSS_EVERY = 10  # the record keeps the mean loss of each window of this many steps
 
@@ -277,7 +277,7 @@ def windows(values: list, size: int) -> list[list]:
 
 def main(argv: list[str] | None = None) -> dict:
     defaults = Config()
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.training", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.training", description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=["reverse", "sort"], default=defaults.task)
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the paper's Post-LN")
     parser.add_argument("--steps", type=int, default=defaults.steps)

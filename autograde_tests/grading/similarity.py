@@ -28,7 +28,7 @@ from copydetect import CodeFingerprint, compare_files
 from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
 from .. import course as nbcourse
-from .. import solution_regions
+from ..authoring import solution_regions
 from . import batch, files, submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
