@@ -10,8 +10,9 @@ import torch
 
 from autograde_tests import course
 from autograde_tests.grading import judge
-from autograde_tests.remote.proxy import Loopback, Session
+from autograde_tests.remote.proxy import Session
 
+from .loopback import Loopback
 from .test_01_attention_checks import softmax_amax
 
 REPO = Path(__file__).resolve().parents[1]
