@@ -31,6 +31,7 @@ from autograde_tests.checks import (
     check_load_hf_llama,
     check_load_meta_llama,
     check_rms_norm,
+    decoder_only,
 )
 
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
@@ -625,6 +626,16 @@ class GPTBlocksWithoutEps(R.GPT):
         super().__init__(vocab, d_model, n_heads, n_layers, d_ff, eps, n_kv_heads)
         self.blocks = nn.ModuleList(DecoderBlock(d_model, n_heads, d_ff, n_kv_heads=n_kv_heads)
                                     for _ in range(n_layers))
+
+
+def test_an_option_of_the_learners_own_given_to_a_block_is_not_judged():
+    """A GPT that also gives its DecoderBlock an option the contract does not name (dropout=0.0) is judged on
+    the contract's arguments alone."""
+    built = [("blocks.0", "DecoderBlock", [16, 4, 24, 0.1], {"n_kv_heads": 2, "dropout": 0.0})]
+    want = {"d_model": 16, "n_heads": 4, "d_ff": 24, "eps": 0.1, "n_kv_heads": 2}
+    decoder_only._expect_built("GPT", built, {"blocks.0": ("DecoderBlock", want)}, required=True)
+    with pytest.raises(AssertionError, match=r"blocks.0 is built as DecoderBlock with n_kv_heads=2 \(the model's is 1\)"):
+        decoder_only._expect_built("GPT", built, {"blocks.0": ("DecoderBlock", want | {"n_kv_heads": 1})}, required=True)
 
 
 def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):

@@ -548,8 +548,11 @@ def _expect_built(name, built, expected: dict[str, tuple[str, dict]], required: 
             if required:
                 fail(name, f"{path} should be built by the notebook's {cls}, found none", MODEL_HINT)
             continue
+        signature = inspect.signature(getattr(ref, cls))
+        # A keyword the contract does not name (the learner's own option, e.g. dropout=0.0) is the learner's business.
+        contract = {key: value for key, value in given[path][2].items() if key in signature.parameters}
         try:
-            bound = inspect.signature(getattr(ref, cls)).bind(*given[path][1], **given[path][2])
+            bound = signature.bind(*given[path][1], **contract)
         except TypeError as error:
             fail(name, f"{path} is built as {cls} with arguments its signature does not take ({error})", MODEL_HINT)
         bound.apply_defaults()
