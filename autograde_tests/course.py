@@ -4,15 +4,12 @@ Used by ``make demo`` and by the end-to-end tests, so that what the tests prove 
 Everything goes through nbgrader's own Python API; nothing here re-implements grading.
 """
 
-import re
 import shutil
 from pathlib import Path
 
 import nbformat
 
-from .nbgrader_course import api, failure_messages, gradebook, run, start_gradebook
-
-SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", re.MULTILINE)
+from .nbgrader_course import SOLUTION_MARKERS, api, failure_messages, gradebook, run, start_gradebook
 
 # One typical mistake per chapter for the demo: (solution cell, correct code, the mistaken code).
 TYPICAL_MISTAKES = {

@@ -1,11 +1,14 @@
-"""nbgrader as a course folder configures it: its configuration, API and gradebook, and how to read its cells.
+"""nbgrader as a course folder configures it: its configuration, API and gradebook, and how to read its cells
+(which are tests, and where an instructor notebook's solution regions sit).
 
 Shared by ``course`` (scratch courses for ``make demo`` and the tests), ``demo`` and ``grading``, so that
 every part of the course reaches nbgrader the same way, through the course's own ``nbgrader_config.py``.
 """
 
+import ast
 import functools
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +20,10 @@ from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
+
+SOLUTION_MARKERS = re.compile(r"^[ \t]*### (BEGIN|END) SOLUTION[ \t]*(\n|\Z)", re.MULTILINE)
+REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n(?P<body>.*?)^[ \t]*### END SOLUTION$", re.M | re.S)
+_PLACEHOLDER = "__solution_region_{}__"
 
 
 def config(course: Path) -> Config:
@@ -85,3 +92,31 @@ def failure_messages(notebook: nbformat.NotebookNode, graded_only: bool = True) 
                     first = output.evalue.splitlines()[0] if output.evalue else ""
                     messages.append(f"{output.ename}: {first}".strip())
     return messages
+
+
+def region_owners(source: str) -> list[str]:
+    """The qualified name (``f`` or ``Class.method``) of the definition each solution region of a cell sits in."""
+    numbered = iter(range(len(REGION.findall(source))))
+    stub = REGION.sub(lambda m: f"{m['indent']}{_PLACEHOLDER.format(next(numbered))}", source)
+    owners: dict[int, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = prefix + child.name
+                for statement in child.body:
+                    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Name) \
+                            and statement.value.id.startswith("__solution_region_"):
+                        owners[int(statement.value.id.strip("_").rsplit("_", 1)[1])] = name
+                visit(child, name + ".")
+
+    visit(ast.parse(stub), "")
+    return [owners[i] for i in sorted(owners)]
+
+
+def definition(tree: ast.AST, qualname: str) -> ast.FunctionDef:
+    """The definition named ``qualname`` (``f`` or ``Class.method``) in a parsed module; StopIteration if none."""
+    node = tree
+    for part in qualname.split("."):
+        node = next(n for n in node.body if getattr(n, "name", None) == part)
+    return node

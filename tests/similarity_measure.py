@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 
 import tests.independent_answers as independent
-from autograde_tests import course
+from autograde_tests import course, nbgrader_course
 from autograde_tests.authoring import solution_regions
 from autograde_tests.grading import batch, similarity
 
@@ -38,8 +38,8 @@ def _solved_with(chapter: str, body) -> nbformat.NotebookNode:
     notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
     for cell in notebook.cells:
         if cell.metadata.get("nbgrader", {}).get("solution"):
-            owners = iter(solution_regions.region_owners(cell.source))
-            cell.source = solution_regions.REGION.sub(
+            owners = iter(nbgrader_course.region_owners(cell.source))
+            cell.source = nbgrader_course.REGION.sub(
                 lambda m: textwrap.indent(body(next(owners), textwrap.dedent(m["body"])), m["indent"]) + "\n",
                 cell.source)
     return notebook

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import course, nbgrader_course
 from autograde_tests.authoring import solution_regions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_every_solution_is_the_reference_s_code(chapter):
     module = solution_regions.reference_module(chapter)
     for cell in notebook.cells:
         if cell.metadata.get("nbgrader", {}).get("solution"):
-            assert solution_regions.region_owners(cell.source), cell.metadata.nbgrader["grade_id"]
+            assert nbgrader_course.region_owners(cell.source), cell.metadata.nbgrader["grade_id"]
             assert solution_regions.written_from_reference(cell.source, module) == cell.source
             assert solution_regions.signature_mismatches(cell.source, module) == []
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import course, nbgrader_course
 from autograde_tests.authoring import solution_regions
 from autograde_tests.grading import similarity
 from autograde_tests.grading.__main__ import parse
@@ -33,7 +33,7 @@ def answered(root: Path, bodies) -> nbformat.NotebookNode:
     """The release of CHAPTER with each answer region holding ``bodies(owner)``, as a learner submits it."""
     instructor = similarity_measure._solved_with(CHAPTER, lambda owner, text: bodies(owner))
     for cell in instructor.cells:
-        cell.source = course.SOLUTION_MARKERS.sub("", cell.source)
+        cell.source = nbgrader_course.SOLUTION_MARKERS.sub("", cell.source)
     notebook = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     answers = {c.metadata.nbgrader.grade_id: c.source for c in instructor.cells
                if c.metadata.get("nbgrader", {}).get("solution")}

@@ -21,40 +21,12 @@ from pathlib import Path
 
 import nbformat
 
-REGION = re.compile(r"^(?P<indent>[ \t]*)### BEGIN SOLUTION\n(?P<body>.*?)^[ \t]*### END SOLUTION$", re.M | re.S)
-PLACEHOLDER = "__solution_region_{}__"
+from ..nbgrader_course import REGION, definition, region_owners
 
 
 def reference_module(chapter: str):
     """The reference module of ``chapter`` (``01_attention`` -> ``autograde_tests.reference.attention``)."""
     return importlib.import_module(f"autograde_tests.reference.{chapter.split('_', 1)[1]}")
-
-
-def region_owners(source: str) -> list[str]:
-    """The qualified name (``f`` or ``Class.method``) of the definition each region of a cell sits in."""
-    numbered = iter(range(len(REGION.findall(source))))
-    stub = REGION.sub(lambda m: f"{m['indent']}{PLACEHOLDER.format(next(numbered))}", source)
-    owners: dict[int, str] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = prefix + child.name
-                for statement in child.body:
-                    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Name) \
-                            and statement.value.id.startswith("__solution_region_"):
-                        owners[int(statement.value.id.strip("_").rsplit("_", 1)[1])] = name
-                visit(child, name + ".")
-
-    visit(ast.parse(stub), "")
-    return [owners[i] for i in sorted(owners)]
-
-
-def definition(tree: ast.AST, qualname: str) -> ast.FunctionDef:
-    node = tree
-    for part in qualname.split("."):
-        node = next(n for n in node.body if getattr(n, "name", None) == part)
-    return node
 
 
 def parameters(definition: ast.FunctionDef) -> str:

@@ -27,8 +27,7 @@ import numpy as np
 from copydetect import CodeFingerprint, compare_files
 from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
-from .. import course as nbcourse
-from ..authoring import solution_regions
+from .. import nbgrader_course
 from . import batch, files, submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
@@ -98,7 +97,7 @@ def known(course: Path, chapter: str, release: nbformat.NotebookNode, folder: Pa
     """source -> its answers: the course's solutions, then each notebook and Python file under ``folder``."""
     solutions = course / "solutions" / chapter / f"{chapter}.ipynb"
     found = {f"the course's solution (solutions/{chapter})": _notebook_answers(solutions, release)}
-    owners = {c.metadata.nbgrader.grade_id: solution_regions.region_owners(c.source)
+    owners = {c.metadata.nbgrader.grade_id: nbgrader_course.region_owners(c.source)
               for c in nbformat.read(solutions, as_version=4).cells if c.metadata.get("nbgrader", {}).get("solution")}
     for path in sorted(folder.rglob("*")) if folder else []:
         if path.suffix == ".ipynb":
@@ -118,7 +117,7 @@ def _notebook_answers(path: Path, release: nbformat.NotebookNode) -> dict[str, s
     except Exception:  # a known solution that is not a notebook after all: nothing to compare
         return {}
     for cell in notebook.cells:  # the instructor's markers are not part of any answer
-        cell.source = nbcourse.SOLUTION_MARKERS.sub("", cell.source)
+        cell.source = nbgrader_course.SOLUTION_MARKERS.sub("", cell.source)
     return answer_cells(notebook, release)
 
 
@@ -133,7 +132,7 @@ def _module_answers(source: str, owners: dict[str, list[str]]) -> dict[str, str]
         bodies = []
         for name in names:
             try:
-                node = solution_regions.definition(tree, name)
+                node = nbgrader_course.definition(tree, name)
             except StopIteration:
                 continue
             bodies.append(textwrap.dedent("\n".join(source.splitlines()[node.body[0].lineno - 1: node.end_lineno])))
