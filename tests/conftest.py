@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import settings
-from hypothesis import strategies as st
 
 from autograde_tests.chapters import CHAPTERS
 from autograde_tests.checks import harness
@@ -21,7 +20,6 @@ from autograde_tests.remote.agent import Agent
 from autograde_tests.remote.proxy import Session
 
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "_build" / "screenshots"
-dtypes = st.sampled_from(harness.DTYPES)  # hypothesis: float32 and float64
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:

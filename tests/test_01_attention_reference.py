@@ -9,14 +9,12 @@ from hypothesis import strategies as st
 
 from autograde_tests.reference import scaled_dot_product_attention, softmax
 
-from .conftest import assert_close, dtypes
-
-sizes = st.integers(1, 9)
-batches = st.lists(st.integers(1, 3), max_size=2).map(tuple)
+from .conftest import assert_close
+from .strategies import batches, dtypes, generators, seeds, sizes
 
 
 @settings(max_examples=60, deadline=None)
-@given(batch=batches, size=sizes, dtype=dtypes, seed=st.integers(0, 2**16), data=st.data())
+@given(batch=batches, size=sizes, dtype=dtypes, seed=seeds, data=st.data())
 def test_softmax_matches_torch_softmax_on_every_axis(batch, size, dtype, seed, data):
     x = torch.randn(*batch, size, 3, generator=torch.Generator().manual_seed(seed), dtype=dtype)
     dim = data.draw(st.integers(-x.dim(), x.dim() - 1))
@@ -43,7 +41,7 @@ def test_softmax_of_an_all_minus_inf_row_is_nan_like_torch():
 def attention_inputs(draw):
     batch, dtype = draw(batches), draw(dtypes)
     m, n, d_k, d_v = (draw(sizes) for _ in range(4))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    gen = draw(generators)
     q = torch.randn(*batch, m, d_k, generator=gen, dtype=dtype)
     k = torch.randn(*batch, n, d_k, generator=gen, dtype=dtype)
     v = torch.randn(*batch, n, d_v, generator=gen, dtype=dtype)

@@ -8,9 +8,8 @@ from torch import nn
 
 from autograde_tests.reference import MultiHeadAttention, merge_heads, scaled_dot_product_attention, split_heads
 
-from .conftest import assert_close, dtypes
-
-heads = st.sampled_from([1, 2, 4])
+from .conftest import assert_close
+from .strategies import batch_sizes, dtypes, head_widths, heads, lengths, seeds
 
 
 def torch_mha(d_model, n_heads, bias, dtype, seed):
@@ -22,7 +21,7 @@ def torch_mha(d_model, n_heads, bias, dtype, seed):
 
 
 @settings(max_examples=40, deadline=None)
-@given(batch=st.integers(1, 3), length=st.integers(1, 6), n_heads=heads, d_k=st.integers(1, 5), dtype=dtypes)
+@given(batch=batch_sizes, length=st.integers(1, 6), n_heads=heads, d_k=head_widths, dtype=dtypes)
 def test_head_i_is_the_ith_block_of_features(batch, length, n_heads, d_k, dtype):
     x = torch.randn(batch, length, n_heads * d_k, dtype=dtype)
     split = split_heads(x, n_heads)
@@ -32,7 +31,7 @@ def test_head_i_is_the_ith_block_of_features(batch, length, n_heads, d_k, dtype)
 
 
 @settings(max_examples=40, deadline=None)
-@given(batch=st.integers(1, 3), length=st.integers(1, 6), n_heads=heads, d_k=st.integers(1, 5))
+@given(batch=batch_sizes, length=st.integers(1, 6), n_heads=heads, d_k=head_widths)
 def test_merge_heads_undoes_split_heads(batch, length, n_heads, d_k):
     x = torch.randn(batch, length, n_heads * d_k)
     assert torch.equal(merge_heads(split_heads(x, n_heads)), x)
@@ -72,8 +71,8 @@ def mha_inputs(draw):
     """A torch module and inputs with m != n allowed, masks in both of torch's forms, no empty query row."""
     dtype, n_heads, bias = draw(dtypes), draw(heads), draw(st.booleans())
     d_model = n_heads * draw(st.integers(1, 6))
-    batch, m, n = draw(st.integers(1, 3)), draw(st.integers(1, 7)), draw(st.integers(1, 7))
-    seed = draw(st.integers(0, 2**16))
+    batch, m, n = draw(batch_sizes), draw(lengths), draw(lengths)
+    seed = draw(seeds)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, m, d_model, generator=gen, dtype=dtype)
     y = torch.randn(batch, n, d_model, generator=gen, dtype=dtype)
@@ -133,7 +132,7 @@ def test_without_y_it_is_self_attention_like_torch():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n_heads=heads, m=st.integers(1, 6), n=st.integers(1, 6), bias=st.booleans(), seed=st.integers(0, 2**16))
+@given(n_heads=heads, m=st.integers(1, 6), n=st.integers(1, 6), bias=st.booleans(), seed=seeds)
 def test_it_is_concat_of_heads_times_w_o_as_in_the_paper(n_heads, m, n, bias, seed):
     torch.manual_seed(seed)
     d_model = 4 * n_heads

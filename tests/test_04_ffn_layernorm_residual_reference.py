@@ -9,9 +9,9 @@ from torch import nn
 
 from autograde_tests.reference import LayerNorm, PositionwiseFeedForward, SublayerConnection, ffn_as_conv1d
 
-from .conftest import assert_close, dtypes, randomise
+from .conftest import assert_close, randomise
+from .strategies import batch_sizes, dtypes, seeds, sizes
 
-sizes = st.integers(1, 9)
 leading = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
 
 
@@ -24,7 +24,7 @@ leading = st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple)
     d_model=st.integers(2, 17),
     eps=st.sampled_from([1e-5, 1e-3, 0.5]),
     dtype=dtypes,
-    seed=st.integers(0, 2**16),
+    seed=seeds,
 )
 def test_layer_norm_matches_torch_layer_norm(shape, d_model, eps, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -83,7 +83,7 @@ def test_layer_norm_does_not_depend_on_other_rows_or_the_batch():
 
 
 @settings(max_examples=60, deadline=None)
-@given(shape=leading, d_model=sizes, d_ff=sizes, dtype=dtypes, seed=st.integers(0, 2**16))
+@given(shape=leading, d_model=sizes, d_ff=sizes, dtype=dtypes, seed=seeds)
 def test_ffn_matches_a_torch_sequential_with_the_same_weights(shape, d_model, d_ff, dtype, seed):
     torch.manual_seed(seed)
     ours = PositionwiseFeedForward(d_model, d_ff).to(dtype)
@@ -125,7 +125,7 @@ def test_ffn_dropout_is_off_in_eval_and_between_the_layers():
 
 
 @settings(max_examples=40, deadline=None)
-@given(batch=st.integers(1, 3), length=sizes, d_model=sizes, d_ff=sizes, dtype=dtypes, seed=st.integers(0, 2**16))
+@given(batch=batch_sizes, length=sizes, d_model=sizes, d_ff=sizes, dtype=dtypes, seed=seeds)
 def test_ffn_as_conv1d_computes_the_same_function(batch, length, d_model, d_ff, dtype, seed):
     torch.manual_seed(seed)
     ffn = PositionwiseFeedForward(d_model, d_ff).to(dtype)

@@ -25,7 +25,8 @@ from autograde_tests.reference import (
 
 from autograde_tests.checks.harness import default_dtype
 
-from .conftest import assert_close, dtypes, randomise
+from .conftest import assert_close, randomise
+from .strategies import dtypes, head_widths, heads, seeds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,9 +41,9 @@ def random_lengths(gen: torch.Generator, batch: int, length: int) -> torch.Tenso
 
 @st.composite
 def layer_settings(draw):
-    n_heads = draw(st.sampled_from([1, 2, 4]))
+    n_heads = draw(heads)
     return dict(
-        d_model=n_heads * draw(st.integers(1, 5)),
+        d_model=n_heads * draw(head_widths),
         n_heads=n_heads,
         d_ff=draw(st.integers(1, 24)),
         norm_first=draw(st.booleans()),
@@ -51,7 +52,7 @@ def layer_settings(draw):
         src_len=draw(st.integers(1, 8)),
         tgt_len=draw(st.integers(1, 8)),
         padded=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**16)),
+        seed=draw(seeds),
     )
 
 

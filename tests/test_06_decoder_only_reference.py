@@ -21,7 +21,8 @@ from autograde_tests.reference import (GPT, DecoderBlock, RMSNorm, apply_rotary,
                                         load_meta_llama, lm_loss)
 from autograde_tests.reference.decoder_only import interleaved_to_half_split
 
-from .conftest import assert_close, dtypes, randomise
+from .conftest import assert_close, randomise
+from .strategies import dtypes, lengths, seeds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -104,7 +105,7 @@ def test_gpt_cached_logits_match_llama_with_its_cache(llama_in_float64, n_kv_hea
 
 @settings(max_examples=25, deadline=None)
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), d_model=st.integers(1, 24),
-       eps=st.sampled_from([1e-6, 1e-5, 0.1]), dtype=dtypes, seed=st.integers(0, 2**16))
+       eps=st.sampled_from([1e-6, 1e-5, 0.1]), dtype=dtypes, seed=seeds)
 def test_rms_norm_matches_torch_rms_norm(shape, d_model, eps, dtype, seed):
     ours = randomise(RMSNorm(d_model, eps).to(dtype), seed)
     theirs = nn.RMSNorm(d_model, eps=eps).to(dtype)
@@ -118,8 +119,8 @@ def test_rms_norm_has_only_a_scale_named_weight_like_torch():
 
 
 @settings(max_examples=25, deadline=None)
-@given(heads=st.integers(1, 3), length=st.integers(1, 7), half=st.integers(1, 6), shift=st.integers(1, 500),
-       dtype=dtypes, seed=st.integers(0, 2**16))
+@given(heads=st.integers(1, 3), length=lengths, half=st.integers(1, 6), shift=st.integers(1, 500),
+       dtype=dtypes, seed=seeds)
 def test_rope_scores_depend_only_on_the_offset(heads, length, half, shift, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     q, k = (torch.randn(2, heads, length, 2 * half, generator=gen, dtype=torch.float64) for _ in range(2))
@@ -174,7 +175,7 @@ def test_grouped_query_attention_equals_multi_head_with_each_kv_head_copied_to_i
 
 
 @settings(max_examples=15, deadline=None)
-@given(length=st.integers(2, 9), split=st.integers(1, 8), dtype=dtypes, seed=st.integers(0, 2**16))
+@given(length=st.integers(2, 9), split=st.integers(1, 8), dtype=dtypes, seed=seeds)
 def test_gpt_is_causal_and_cached_decoding_equals_uncached(length, split, dtype, seed):
     split = min(split, length - 1)
     model = randomise(GPT(VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF).to(dtype), seed).eval()
@@ -223,7 +224,7 @@ def test_temperature_towards_zero_is_greedy():
 
 
 @settings(max_examples=10, deadline=None)
-@given(k=st.integers(1, 4), seed=st.integers(0, 2**16))
+@given(k=st.integers(1, 4), seed=seeds)
 def test_top_k_never_samples_outside_the_k_largest(k, seed):
     model, idx = small_model(seed), torch.randint(VOCAB, (4, 3), generator=torch.Generator().manual_seed(seed))
     out = generate(model, idx, 5, temperature=3.0, top_k=k, generator=torch.Generator().manual_seed(seed))

@@ -11,14 +11,13 @@ from hypothesis import strategies as st
 
 from autograde_tests.reference import causal_mask, online_softmax, tiled_attention
 
-from .conftest import assert_close, dtypes
-
-batches = st.lists(st.integers(1, 3), max_size=2).map(tuple)
+from .conftest import assert_close
+from .strategies import batches, dtypes, generators, seeds
 
 
 @settings(max_examples=60, deadline=None)
 @given(batch=batches, sizes=st.lists(st.integers(1, 6), min_size=1, max_size=5), dtype=dtypes,
-       seed=st.integers(0, 2**16))
+       seed=seeds)
 def test_online_softmax_gives_the_maximum_and_normaliser_of_torch_softmax(batch, sizes, dtype, seed):
     x = 3 * torch.randn(*batch, sum(sizes), generator=torch.Generator().manual_seed(seed), dtype=dtype)
     m, l = online_softmax(iter(x.split(sizes, dim=-1)))  # an iterator: one pass
@@ -42,7 +41,7 @@ def test_online_softmax_refuses_no_chunks():
 def attention_inputs(draw):
     batch, dtype = draw(batches), draw(dtypes)
     m, n, d_k, d_v = (draw(st.integers(1, 19)) for _ in range(4))
-    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    gen = draw(generators)
     q, k, v = (torch.randn(*batch, rows, d, generator=gen, dtype=dtype) for rows, d in ((m, d_k), (n, d_k), (n, d_v)))
     return q, k, v, draw(st.integers(1, 8)), draw(st.integers(1, 8))
 
