@@ -434,7 +434,7 @@ def greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
     return _greedy()(model, src, max_len, bos_id, eos_id, src_padding_mask)
 '''
 TRAINING_REPORTED_NOT_RUN = '''
-import autograde_tests.checks.stand_ins as s
+import autograde_tests.checks.stand_in_models as s
 
 class Reported:
     """A run that reports it reached a loss of 0 without taking a step."""
@@ -450,7 +450,7 @@ s.Training = Reported
 # decode reverse time (so the first position would hold the last): the model is lent, the grader's decodes
 GREEDY_FIRST_POSITION = ("        next_token = logits[:, -1].argmax(dim=-1)", "        next_token = logits[:, 0].argmax(dim=-1)")
 STAND_IN_REVERSES_TIME = '''
-import autograde_tests.checks.stand_ins as s
+import autograde_tests.checks.stand_in_models as s
 _decode = s.StandInModel.decode
 s.StandInModel.decode = lambda self, *args, **kwargs: _decode(self, *args, **kwargs).flip(1)
 '''
@@ -480,7 +480,7 @@ NO_CACHE = (("        if use_cache:\n            logits, cache = model(out if ca
             "        logits, _ = model(out)\n")
 CACHE_CLAIMED = ("    out, cache = idx, None\n", "    out, cache = idx, None\n    model.claims_a_cache = use_cache\n")
 STAND_IN_ANSWERS_AS_IF_CACHED = '''
-import autograde_tests.checks.stand_ins as s
+import autograde_tests.checks.stand_in_models as s
 _forward = s.StandInLM.forward
 
 def forward(self, idx, cache=None):
@@ -507,7 +507,7 @@ def online_softmax(chunks):
 ON_A_FIXED_DEVICE = (("torch.arange(i, i + rows, device=q.device)", "torch.arange(i, i + rows)"),
                      ("torch.arange(j, j + s.size(-1), device=q.device)", "torch.arange(j, j + s.size(-1))"))
 META_PROBE_REPLACED = '''
-import autograde_tests.checks.beside as b
+import autograde_tests.checks.in_kernel as b
 b.run_on_meta = lambda fn, args, kwargs: {"devices": ["meta"]}
 '''
 TWO_PASSES = '''
@@ -520,7 +520,7 @@ ONLINE_BY_NEXT, ONLINE_FIRST_THEN_THE_REST = (
     inspect.getsource(fn).replace(f"def {fn.__name__}(", "def online_softmax(")
     for fn in (online_softmax_by_next_until_exhausted, online_softmax_first_chunk_then_the_rest))
 WATCHER_REPLACED = '''
-import autograde_tests.checks.beside as b
+import autograde_tests.checks.in_kernel as b
 _watched = b.watched
 b.watched = lambda *args, **kwargs: {**_watched(*args, **kwargs), "largest": None, "elements": 1, "reads": 1}
 '''

@@ -29,7 +29,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 def randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Seeded parameters of a useful size, as the checks draw them (``harness.randomise``)."""
-    return harness.randomise(module, harness.Inputs(seed))
+    return harness.randomise(module, harness.SeededRandom(seed))
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from autograde_tests.checks import decoder_only as checks
-from autograde_tests.checks import stand_ins
+from autograde_tests.checks import stand_in_models
 from autograde_tests.reference import decoder_only as ref
 
 from .mistake_shows import differs
@@ -52,7 +52,7 @@ def sample_cases(hidden: bool):
     for i, case in enumerate(checks.HIDDEN_SAMPLE if hidden else checks.VISIBLE_SAMPLE):
         model, idx = checks._sample_inputs(i, case, hidden)
         yield lambda generate, case=case, model=model, idx=idx: generate(
-            model, idx, case.new, generator=stand_ins.seeded_generator("cpu", case.seed), **checks._options(case))
+            model, idx, case.new, generator=stand_in_models.seeded_generator("cpu", case.seed), **checks._options(case))
 
 
 @pytest.mark.parametrize("mistake", checks.NORM_MISTAKES, ids=lambda m: m.problem[:40])

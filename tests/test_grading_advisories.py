@@ -35,8 +35,8 @@ def test_a_cell_that_is_not_python_is_skipped():
 
 
 def test_code_that_can_rewrite_a_check_s_stand_ins_is_noted():
-    for source, what in [("import autograde_tests.checks.stand_ins as s", "autograde_tests.checks.stand_ins"),
-                         ("from autograde_tests.checks import stand_ins", "autograde_tests.checks"),
+    for source, what in [("import autograde_tests.checks.stand_in_models as s", "autograde_tests.checks.stand_in_models"),
+                         ("from autograde_tests.checks import stand_in_models", "autograde_tests.checks"),
                          ("def greedy_decode(model, src):\n    setattr(type(model), 'decode', None)", "setattr"),
                          ("def f(model):\n    model.__class__.decode = None", "model.__class__")]:
         (note,) = advisories([source])

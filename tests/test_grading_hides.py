@@ -115,7 +115,7 @@ def test_a_graded_kernel_can_reach_neither_the_checks_generators_nor_the_referen
 
 def test_a_graded_kernel_imports_what_it_needs_and_the_earlier_chapters_reference(tmp_path):
     needed = kernel_view.visible("06_decoder_only")
-    assert "autograde_tests.reference.transformer" in needed and "autograde_tests.checks.stand_ins" in needed
+    assert "autograde_tests.reference.transformer" in needed and "autograde_tests.checks.stand_in_models" in needed
     assert failed_imports("06_decoder_only", needed, tmp_path) == {}
 
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.sandbox
 CHAPTERS = ("01_attention", "05_transformer", "07_attention_at_scale")
 
 NN_SOFTMAX = "def softmax(x, dim=-1):\n    return torch.nn.Softmax(dim=dim)(x)"
-SILENCE_THE_OPERATOR_RECORD = "import autograde_tests.checks.beside as b\nb.operators_used = lambda fn, args: []"
+SILENCE_THE_OPERATOR_RECORD = "import autograde_tests.checks.in_kernel as b\nb.operators_used = lambda fn, args: []"
 PLAIN_ATTENTION = '''
 def tiled_attention(q, k, v, block_q, block_k, causal=False):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -38,13 +38,13 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
 '''
 HIDE_THE_SCORE_MATRIX = '''
-import autograde_tests.checks.beside as b
+import autograde_tests.checks.in_kernel as b
 _watched = b.watched
 b.watched = lambda *args, **kwargs: {**_watched(*args, **kwargs), "largest": None, "elements": 1, "reads": 1}
 '''
 MEMORISE_THE_LABELS = '''
 import torch.nn.functional as F
-import autograde_tests.checks.stand_ins as s
+import autograde_tests.checks.stand_in_models as s
 
 class Transformer(Transformer):
     memory = {}

@@ -24,10 +24,10 @@ from autograde_tests.checks import (
     check_tiled_attention,
     check_transformer,
 )
-from autograde_tests.checks import beside, stand_ins
+from autograde_tests.checks import in_kernel, stand_in_models
 from autograde_tests.checks.harness import ON_A_FIXED_DEVICE
 from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
-from autograde_tests.grading.reach import Reach
+from autograde_tests.grading.static_names import StaticNames
 from autograde_tests.remote.proxy import Session
 
 from .conftest import connected, kernel_stand_in
@@ -52,7 +52,7 @@ def graded(value, chapter: str, source: str = ""):
     """``value`` as a graded run's grader sees the learner's ``answer``: a proxy, with ``source`` as the cells."""
     kernel = kernel_stand_in(chapter)
     kernel.namespace["answer"] = value
-    return connected(kernel, static_names=Reach([IMPORTS, source])).lookup("answer")
+    return connected(kernel, static_names=StaticNames([IMPORTS, source])).lookup("answer")
 
 
 def passes_with_a_note(check, answer, note: str, capsys, **kwargs) -> None:
@@ -94,7 +94,7 @@ def _defined(source: str):
 
 def silence_the_operator_record(monkeypatch):
     """What a learner's cell can do to the kernel's record of the operators that ran."""
-    monkeypatch.setattr(beside, "operators_used", lambda fn, args: [])
+    monkeypatch.setattr(in_kernel, "operators_used", lambda fn, args: [])
 
 
 def test_nn_softmax_is_a_built_in_softmax_in_learner_mode():
@@ -126,7 +126,7 @@ def test_a_device_written_into_the_code_fails_in_learner_mode_and_is_a_note_in_a
 
 def test_replacing_the_shape_only_run_gains_nothing_in_a_graded_run(monkeypatch, capsys):
     """A probe that answers 'all on meta' hides the device from the note; the points were never its to give."""
-    monkeypatch.setattr(beside, "run_on_meta", lambda fn, args, kwargs: {"devices": ["meta"]})
+    monkeypatch.setattr(in_kernel, "run_on_meta", lambda fn, args, kwargs: {"devices": ["meta"]})
     check_softmax(graded(softmax_fixed_device, "01_attention"))
     printed = capsys.readouterr().out
     assert "✔ softmax" in printed and NOTE not in printed, printed
@@ -153,8 +153,8 @@ def test_plain_attention_is_a_note_in_a_graded_run_and_wrong_values_still_fail(c
 
 def test_patching_the_watcher_gains_nothing_in_a_graded_run(monkeypatch, capsys):
     """A watcher that reports no tensor made and one read changes no score: the note goes, the points stay."""
-    honest_report = beside.watched
-    monkeypatch.setattr(beside, "watched", lambda *a, **k: honest_report(*a, **k) | {"largest": None, "reads": 1})
+    honest_report = in_kernel.watched
+    monkeypatch.setattr(in_kernel, "watched", lambda *a, **k: honest_report(*a, **k) | {"largest": None, "reads": 1})
     check_tiled_attention(graded(naive_attention, "07_attention_at_scale"))
     assert "✔ tiled_attention" in capsys.readouterr().out
 
@@ -245,9 +245,9 @@ def test_what_is_not_a_1x1_convolution_fails_a_graded_run_by_its_values(answer, 
 
 
 def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
-    layers = stand_ins.position_wise_sublayer({"0.weight": torch.eye(3), "0.bias": torch.zeros(3)})
+    layers = stand_in_models.position_wise_sublayer({"0.weight": torch.eye(3), "0.bias": torch.zeros(3)})
     assert not any(isinstance(m, nn.ReLU) for m in layers.modules())
-    assert not hasattr(beside, "ffn_sublayer") and not hasattr(stand_ins, "ffn_sublayer")
+    assert not hasattr(in_kernel, "ffn_sublayer") and not hasattr(stand_in_models, "ffn_sublayer")
 
 
 # -------------------------------------------------------------------------------- chapter 6
@@ -297,7 +297,7 @@ class Memoriser(R.Transformer):
 
 
 class Memorising:
-    """``stand_ins.Training`` as a learner's cell could replace it: it keeps the labels it is sent."""
+    """``stand_in_models.Training`` as a learner's cell could replace it: it keeps the labels it is sent."""
 
     def __init__(self, model, src, decoder_input, labels, pad, lr):
         model.memory.update({tuple(row): labels[b] for b, row in enumerate(src.tolist())})
@@ -308,7 +308,7 @@ class Memorising:
 
 @pytest.mark.parametrize("where", ["learner mode", "graded run"])
 def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monkeypatch):
-    monkeypatch.setattr(stand_ins, "Training", Memorising)
+    monkeypatch.setattr(stand_in_models, "Training", Memorising)
     monkeypatch.setattr(Memoriser, "memory", {})
     answer = graded(Memoriser, "05_transformer") if where == "graded run" else Memoriser
     with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from autograde_tests.checks import check_generate, check_sublayer_connection
-from autograde_tests.grading.reach import Reach
+from autograde_tests.grading.static_names import StaticNames
 from autograde_tests.remote import lent, wire
 from autograde_tests.remote.proxy import lend
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def graded(value, chapter: str):
     kernel = kernel_stand_in(chapter)
     kernel.namespace["answer"] = value
-    return connected(kernel, static_names=Reach([""])).lookup("answer")
+    return connected(kernel, static_names=StaticNames([""])).lookup("answer")
 
 
 class Recording(nn.Module):

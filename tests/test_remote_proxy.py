@@ -13,8 +13,8 @@ from autograde_tests.remote.proxy import (
     Session,
     is_a,
     is_module,
-    make_beside,
-    run_beside,
+    make_in_kernel,
+    run_in_kernel,
     type_name,
 )
 from autograde_tests.remote.wire import RemoteError
@@ -107,10 +107,10 @@ def test_seeding_here_seeds_the_learner_s_draws_and_the_stream_goes_on():
 def test_course_functions_run_beside_the_learner_s_objects():
     (Model,) = learner(Model=nn.Linear)
     model = Model(2, 2)
-    made = make_beside(model, nn.Linear, 4, 1)
+    made = make_in_kernel(model, nn.Linear, 4, 1)
     assert is_a(made, nn.Linear) and made.in_features == 4
-    assert is_a(run_beside(copy.deepcopy, model), nn.Linear)
-    assert run_beside(nn.Linear.extra_repr, model) == "in_features=2, out_features=2, bias=True"
+    assert is_a(run_in_kernel(copy.deepcopy, model), nn.Linear)
+    assert run_in_kernel(nn.Linear.extra_repr, model) == "in_features=2, out_features=2, bias=True"
 
 
 BLOCK_EVERY_CHAPTER = """
@@ -120,7 +120,7 @@ class Hidden(importlib.abc.MetaPathFinder):
         if name.startswith("autograde_tests.reference."):
             raise ImportError(name)
 sys.meta_path.insert(0, Hidden())
-import autograde_tests.checks.beside, autograde_tests.checks.harness, autograde_tests.checks.stand_ins
+import autograde_tests.checks.in_kernel, autograde_tests.checks.harness, autograde_tests.checks.stand_in_models
 import autograde_tests.remote.agent
 """
 

@@ -4,7 +4,7 @@ Each raises AssertionError with a message a learner can act on, and prints a pas
 every case passed. ``hidden=True`` is what nbgrader runs at grading time: other seeds, other shapes.
 Each check is imported from its chapter's module when first used (as in ``autograde_tests.reference``):
 a graded kernel, which is given no check (they run in the grader; ``grading.kernel_view``), can still
-import this package, and ``beside`` and ``stand_ins`` from it.
+import this package, and ``in_kernel`` and ``stand_in_models`` from it.
 """
 
 from ..chapters import CHAPTERS

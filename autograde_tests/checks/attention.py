@@ -11,7 +11,7 @@ import torch
 
 from ..reference import attention as ref
 from .harness import (
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -57,10 +57,10 @@ HIDDEN_SOFTMAX = [
 
 def _softmax_input(case: SoftmaxCase, hidden: bool, i: int) -> torch.Tensor:
     """The input of case ``i`` of the visible or hidden cases, float64 on the CPU."""
-    draw = Inputs(seed_for("softmax", hidden, i))
-    x = draw.randn(*case.shape) * case.scale + case.offset
+    rng = SeededRandom(seed_for("softmax", hidden, i))
+    x = rng.randn(*case.shape) * case.scale + case.offset
     if case.minus_inf:
-        hole = draw.bernoulli(0.3, *case.shape)
+        hole = rng.bernoulli(0.3, *case.shape)
         hole[..., 0] = False  # keep one finite score in every row
         x = x.masked_fill(hole, float("-inf"))
     return x
@@ -140,10 +140,10 @@ HIDDEN_ATTENTION = [
 
 def _attention_inputs(case: AttentionCase, hidden: bool, i: int):
     """q, k, v and the mask (or None) of case ``i`` of the visible or hidden cases, float64 on the CPU."""
-    draw = Inputs(seed_for("scaled_dot_product_attention", hidden, i))
-    q = draw.randn(*case.batch, case.m, case.d_k)
-    k = draw.randn(*case.batch, case.n, case.d_k)
-    v = draw.randn(*case.batch, case.n, case.d_v)
+    rng = SeededRandom(seed_for("scaled_dot_product_attention", hidden, i))
+    q = rng.randn(*case.batch, case.m, case.d_k)
+    k = rng.randn(*case.batch, case.n, case.d_k)
+    v = rng.randn(*case.batch, case.n, case.d_v)
     mask_shape = {
         None: None,
         "full": (*case.batch, case.m, case.n),
@@ -153,7 +153,7 @@ def _attention_inputs(case: AttentionCase, hidden: bool, i: int):
     }[case.mask]
     if mask_shape is None:
         return q, k, v, None
-    mask = draw.bernoulli(0.6, *mask_shape)
+    mask = rng.bernoulli(0.6, *mask_shape)
     mask[..., 0] = True  # no row is empty by accident...
     if case.mask == "empty_rows":
         mask[..., 1, :] = False  # ...but here, on purpose, a query that may attend to nothing

@@ -1,6 +1,6 @@
 """Checks for chapter 07_attention_at_scale: ``online_softmax`` and ``tiled_attention``.
 
-Every call of the learner's function runs watched (``beside.watched``, next to the learner's code): the
+Every call of the learner's function runs watched (``in_kernel.watched``, next to the learner's code): the
 check learns the result, the largest tensor the call created and how many elements it created in all.
 The verdicts are taken here, from those numbers:
 
@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from ..reference import attention_at_scale as ref
 from ..remote.proxy import type_name
 from .attention import FORBIDDEN
-from .beside import watched
+from .in_kernel import watched
 from .harness import (
-    Inputs,
+    SeededRandom,
     Mistake,
     candidates,
     close,
@@ -38,7 +38,7 @@ from .harness import (
     learner_step,
     matching_mistake,
     name_the_mistake,
-    run_beside,
+    run_in_kernel,
     run_cases,
     seed_for,
     strict_numerics,
@@ -48,7 +48,7 @@ from .how import expect_device_agnostic, forbid_built_ins, kernel_reported
 
 def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bool = False) -> dict:
     """The learner's call, watched where it runs; a result that is not the probe's dict is a failure."""
-    report = learner_step(name, lambda: run_beside(watched, fn, args, kwargs or {}, read_once), args)
+    report = learner_step(name, lambda: run_in_kernel(watched, fn, args, kwargs or {}, read_once), args)
     if not (isinstance(report, dict) and {"result", "largest", "elements", "modified", "reads"} <= report.keys()):
         fail(name, "the grader could not watch your code run")
     return report
@@ -95,9 +95,9 @@ HIDDEN_ONLINE = [
 def _online_input(i: int, case: OnlineCase, hidden: bool) -> torch.Tensor:
     """Case ``i``'s (..., n) rows, float64 on the CPU, whose scores rise along the row, so that most rows find a
     new maximum in a later chunk."""
-    draw = Inputs(seed_for("online_softmax", hidden, i))
+    rng = SeededRandom(seed_for("online_softmax", hidden, i))
     n = sum(case.sizes)
-    return 2 * draw.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
+    return 2 * rng.randn(*case.batch, n) + torch.linspace(0, 2, n, dtype=torch.float64) + case.offset
 
 
 def _online(*changes: tuple[str, str]):
@@ -250,9 +250,9 @@ HIDDEN_TILED = [
 
 def _tiled_inputs(i: int, case: TiledCase, hidden: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Case ``i``'s q (..., m, d_k), k (..., n, d_k) and v (..., n, d_v), float64 on the CPU."""
-    draw = Inputs(seed_for("tiled_attention", hidden, i))
-    return (draw.randn(*case.batch, case.m, case.d_k), draw.randn(*case.batch, case.n, case.d_k),
-            draw.randn(*case.batch, case.n, case.d_v))
+    rng = SeededRandom(seed_for("tiled_attention", hidden, i))
+    return (rng.randn(*case.batch, case.m, case.d_k), rng.randn(*case.batch, case.n, case.d_k),
+            rng.randn(*case.batch, case.n, case.d_v))
 
 
 def _tiled(*changes: tuple[str, str]):
@@ -395,36 +395,36 @@ def _check_tiled_case(name, tiled_attention, case: TiledCase, inputs64: tuple, d
                    f"block_q = {case.block_q}, and the output has {out.size(-2)} rows",
              "loop with range(0, m, block_q) and slice q[..., i:i + block_q, :]; the last slice is simply shorter.")
     expect_tensor(name, "the output", out, expected.shape, like=q)
-    made = candidates(TILED_MISTAKES, *inputs64, case.block_q, case.block_k, case.causal)
+    mistaken = candidates(TILED_MISTAKES, *inputs64, case.block_q, case.block_k, case.causal)
     if torch.isnan(out).any():
         if case.n == 0:
             fail(name, "NaN for queries with no key to attend to (n = 0): the sum l is 0, and 0/0 is NaN",
                  "a query that may attend to nothing gets a zero output: divide only where l > 0, "
                  "e.g. torch.where(l > 0, acc / l, 0.0).")
-        mistake = matching_mistake(out.nan_to_num(0.0), made)  # one that leaves a query no key: NaN in its row
+        mistake = matching_mistake(out.nan_to_num(0.0), mistaken)  # one that leaves a query no key: NaN in its row
         if mistake is not None:
             fail(name, mistake.problem, mistake.hint)
         fail(name, "the result contains NaN", "exp(-inf - (-inf)) is NaN: is a running maximum still -inf when you use it?")
     if not close(out, expected):
         name_the_mistake(name, f"the output (causal={case.causal}, block_q={case.block_q}, block_k={case.block_k})",
-                         out, expected, made)
+                         out, expected, mistaken)
 
 
 def _expect_half_the_work(name, tiled_attention, case: TiledCase, inputs64: tuple) -> None:
     """The causal call must create about as few elements, against the same call without the mask, as the tiles
     it needs: halfway between that fraction and 1 is the limit (the bookkeeping per query block costs a little)."""
     q, k, v = inputs64
-    made = {causal: _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": causal})["elements"]
+    elements = {causal: _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": causal})["elements"]
             for causal in (False, True)}
     tiles = [math.ceil(min(case.n, i + case.block_q) / case.block_k) for i in range(0, case.m, case.block_q)]
     needed = sum(tiles) / (len(tiles) * math.ceil(case.n / case.block_k))
-    if not (isinstance(made[False], int) and isinstance(made[True], int) and made[False] > 0):
+    if not (isinstance(elements[False], int) and isinstance(elements[True], int) and elements[False] > 0):
         kernel_reported(name, tiled_attention, "the grader could not count the work your code does")
-    elif made[True] > (needed + 1) / 2 * made[False]:
+    elif elements[True] > (needed + 1) / 2 * elements[False]:
         kernel_reported(
             name,
             tiled_attention,
-            f"causal attention does {made[True] / made[False]:.0%} of the work of the same call without the mask "
+            f"causal attention does {elements[True] / elements[False]:.0%} of the work of the same call without the mask "
             f"(elements computed); skipping the tiles above the diagonal leaves about {needed:.0%} "
             f"(m={case.m}, n={case.n}, block_q={case.block_q}, block_k={case.block_k})",
             "for the query block starting at i, loop over keys only up to i + block_q (the block's last query + 1): "

@@ -20,7 +20,7 @@ from ..reference.multi_head_attention import MultiHeadAttention
 from .harness import (
     ON_A_FIXED_DEVICE,
     ChangedInput,
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -326,11 +326,11 @@ def check_cross_attention(CrossAttention, hidden: bool = False) -> None:
 def _drawn(variant: Variant, hidden: bool, i: int, case: VariantCase):
     """What case ``i`` draws (``seed_for``): the float64 reference module, with its weights, and the float64 CPU
     inputs, x (B, m, d_model), memory (B, n, d_model) or None, padding mask (B, n) or None."""
-    weights = Inputs(seed_for(variant.name, hidden, i, "weights"))
+    weights = SeededRandom(seed_for(variant.name, hidden, i, "weights"))
     reference = randomise(variant.reference(case.d_model, case.n_heads), weights).double().eval()
-    draw = Inputs(seed_for(variant.name, hidden, i))
-    x = draw.randn(case.batch, case.m, case.d_model)
-    memory = draw.randn(case.batch, case.n, case.d_model) if variant.cross else None
+    rng = SeededRandom(seed_for(variant.name, hidden, i))
+    x = rng.randn(case.batch, case.m, case.d_model)
+    memory = rng.randn(case.batch, case.n, case.d_model) if variant.cross else None
     pm = None if case.lengths is None else ref.padding_mask(torch.tensor(case.lengths), case.n)
     return reference, (x, memory, pm)
 
@@ -398,8 +398,8 @@ def _check_case(variant, learner, reference, case, inputs64, dtype, device, seed
     if close(out, expected):
         properties()
     else:
-        made = candidates(variant.mistakes, reference, *_arguments(variant, *inputs64))
-        name_the_mistake(name, "the output", out, expected, made, otherwise=properties)
+        mistaken = candidates(variant.mistakes, reference, *_arguments(variant, *inputs64))
+        name_the_mistake(name, "the output", out, expected, mistaken, otherwise=properties)
 
 
 def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
@@ -435,8 +435,8 @@ def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
 def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None:
     """What each variant promises, tested on the learner's own outputs."""
     name = variant.name
-    draw = Inputs(seed)
-    noise = draw.randn(*x.shape).to(dtype=x.dtype, device=x.device)
+    rng = SeededRandom(seed)
+    noise = rng.randn(*x.shape).to(dtype=x.dtype, device=x.device)
     if variant is CAUSAL:
         cut = case.m // 2
         changed = torch.cat([x[:, : cut + 1], noise[:, cut + 1 :]], dim=1)
@@ -449,7 +449,7 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
             )
     if pm is not None:
         if variant.cross:
-            padded = torch.where(pm[..., None], memory, draw.randn(*memory.shape).to(memory))
+            padded = torch.where(pm[..., None], memory, rng.randn(*memory.shape).to(memory))
             changed_out, keep = _forward(variant, learner, x, padded, pm), torch.ones_like(pm[:, :1])
         else:
             padded = torch.where(pm[..., None], x, noise)
@@ -461,7 +461,7 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
                 "the padding mask must hide keys: pass it to self.attn as (B, 1, 1, n).",
             )
     # One cycle through all the positions: none stays in place, where a dependence on it would not show.
-    shuffled = torch.randperm(case.n, generator=draw.generator)
+    shuffled = torch.randperm(case.n, generator=rng.generator)
     order = torch.empty_like(shuffled).index_put_((shuffled,), shuffled.roll(-1)).to(x.device)
     permuted_pm = None if pm is None else pm[:, order]
     if variant is SELF:

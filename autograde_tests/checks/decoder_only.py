@@ -35,9 +35,9 @@ implementation per entry):
 
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
 be: the block check lends PyTorch's RMSNorm as the block's norms and the course's RoPE as the
-``apply_rotary`` its code calls; the GPT check runs every case with stand-in blocks (``stand_ins``) and
+``apply_rotary`` its code calls; the GPT check runs every case with stand-in blocks (``stand_in_models``) and
 PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model; the loaders load into a stand-in with a GPT's parameters
-(``stand_ins.load_target``), whose weights the check reads back and judges by a reference GPT's logits. Sampling
+(``stand_in_models.load_target``), whose weights the check reads back and judges by a reference GPT's logits. Sampling
 is reproducible because the exercise fixes how a token is drawn: ``torch.multinomial(probs, 1,
 generator=generator)`` on the final probabilities.
 """
@@ -52,10 +52,10 @@ import torch
 from torch import nn
 
 from ..reference import decoder_only as ref
-from ..remote.proxy import lend, make_beside, run_beside, type_name
-from . import beside, stand_ins
+from ..remote.proxy import lend, make_in_kernel, run_in_kernel, type_name
+from . import in_kernel, stand_in_models
 from .harness import (
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -144,8 +144,8 @@ NORM_MISTAKES = [
 def _norm_inputs(i: int, case: NormCase, hidden: bool) -> tuple[ref.RMSNorm, torch.Tensor, torch.Tensor]:
     """Case ``i``'s reference RMSNorm (random weights), input x and upstream gradient, float64 on the CPU."""
     seed = functools.partial(seed_for, "RMSNorm", hidden, i)
-    reference = randomise(ref.RMSNorm(case.shape[-1], case.eps).double(), Inputs(seed("weights")))
-    return reference, Inputs(seed()).randn(*case.shape) * case.scale, Inputs(seed("upstream")).randn(*case.shape)
+    reference = randomise(ref.RMSNorm(case.shape[-1], case.eps).double(), SeededRandom(seed("weights")))
+    return reference, SeededRandom(seed()).randn(*case.shape) * case.scale, SeededRandom(seed("upstream")).randn(*case.shape)
 
 
 def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
@@ -181,7 +181,7 @@ def _expect_norm_gradients(name, module, reference: ref.RMSNorm, x64, upstream, 
     x_ref = x64.clone().requires_grad_()
     (reference(x_ref) * upstream).sum().backward()
     x, up = x64.to(device=device, dtype=dtype), upstream.to(device=device, dtype=dtype)
-    actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, up, ["weight"]), (x,))
+    actual = learner_step(name, lambda: run_in_kernel(in_kernel.gradients, module, x, up, ["weight"]), (x,))
     if "error" in actual:
         fail(name, f"the output is not connected to the autograd graph ({actual['error']})",
              "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.")
@@ -217,9 +217,9 @@ HALF_SPLIT = ("the course pairs feature i with feature i + d_k/2 (the half-split
 def _rotary_inputs(i: int, case: RotaryCase, hidden: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Case ``i``'s x (B, h, T, d_k), float64, and its positions, on the CPU."""
     seed = functools.partial(seed_for, "apply_rotary", hidden, i)
-    x = Inputs(seed()).randn(case.batch, case.heads, case.length, case.d_k)
+    x = SeededRandom(seed()).randn(case.batch, case.heads, case.length, case.d_k)
     if case.gaps:
-        steps = torch.randint(1, 4, (case.length,), generator=Inputs(seed("gaps")).generator)
+        steps = torch.randint(1, 4, (case.length,), generator=SeededRandom(seed("gaps")).generator)
         return x, case.start + steps.cumsum(0) - steps[0]
     return x, torch.arange(case.start, case.start + case.length)
 
@@ -460,11 +460,11 @@ def _block_inputs(i: int, case: BlockCase, hidden: bool):
     """Case ``i``'s reference block (random weights), x (B, T, d_model), positions (T,) after the cache, and the
     cache (k, v) or None (float64, CPU)."""
     block = ref.DecoderBlock(case.d_model, case.n_heads, case.d_ff, case.eps, case.n_kv_heads).double()
-    reference = randomise(block, Inputs(seed_for("DecoderBlock", hidden, i, "weights")))
-    draw = Inputs(seed_for("DecoderBlock", hidden, i))
-    x = draw.randn(case.batch, case.length, case.d_model)
+    reference = randomise(block, SeededRandom(seed_for("DecoderBlock", hidden, i, "weights")))
+    rng = SeededRandom(seed_for("DecoderBlock", hidden, i))
+    x = rng.randn(case.batch, case.length, case.d_model)
     d_k = case.d_model // case.n_heads
-    cache = None if case.past == 0 else tuple(draw.randn(case.batch, case.kv_heads, case.past, d_k) for _ in range(2))
+    cache = None if case.past == 0 else tuple(rng.randn(case.batch, case.kv_heads, case.past, d_k) for _ in range(2))
     return reference, x, torch.arange(case.past, case.past + case.length), cache
 
 
@@ -514,8 +514,8 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
         expect_tensor(name, "the output", out, expected.shape, like=x)
         new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length, case.n_heads)
         if not close(out, expected):
-            made = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
-            name_the_mistake(name, "the output" + BLOCK_STAND_IN_NOTE, out, expected, made)
+            mistaken = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
+            name_the_mistake(name, "the output" + BLOCK_STAND_IN_NOTE, out, expected, mistaken)
         for what, got, want in zip(("keys", "values"), new_cache, expected_cache):
             if not close(got, want):
                 hint = "the cache holds k after RoPE (rotated) and v as projected, old tokens first."
@@ -525,7 +525,7 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
         case = cases[0]
         meta = copy.deepcopy(construct(name, DecoderBlock, case.d_model, case.n_heads, case.d_ff).double()).to("meta")
         _, x, positions, _ = _block_inputs(0, case, hidden)
-        expect_device_agnostic(name, make_beside(meta, beside.without_rope, meta), (x, positions))
+        expect_device_agnostic(name, make_in_kernel(meta, in_kernel.without_rope, meta), (x, positions))
 
     with strict_numerics(), one_thread():
         run_cases(name, cases, check_case, after=on_meta)
@@ -533,9 +533,9 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
 
 def _built(name, cls, others: tuple[str, ...], *args, **kwargs):
     """The learner's ``cls(*args, **kwargs)``, built with the notebook's classes named in ``others`` recorded in
-    place of the learner's (``beside.built_with``): the module, and what its constructor gave each of them."""
-    module = construct(name, lambda *a, **k: make_beside(cls, beside.built_with, cls, others, *a, **k), *args, **kwargs)
-    return module, run_beside(beside.recorded, module)
+    place of the learner's (``in_kernel.built_with``): the module, and what its constructor gave each of them."""
+    module = construct(name, lambda *a, **k: make_in_kernel(cls, in_kernel.built_with, cls, others, *a, **k), *args, **kwargs)
+    return module, run_in_kernel(in_kernel.recorded, module)
 
 
 def _expect_built(name, built, expected: dict[str, tuple[str, dict]], required: bool) -> None:
@@ -578,7 +578,7 @@ def _forward(name, block, *args):
     """``block(*args)`` with the course's RoPE lent as the ``apply_rotary`` its code calls (the notebook's own
     function, by name): the block is graded on its own, whatever the learner's apply_rotary does."""
     rotary = lend(block, ref.apply_rotary)
-    return call(name, lambda *given: run_beside(beside.with_global, block, "apply_rotary", rotary, *given), *args)
+    return call(name, lambda *given: run_in_kernel(in_kernel.with_global, block, "apply_rotary", rotary, *given), *args)
 
 
 def _call_block(name, block, x, positions, cache):
@@ -682,12 +682,12 @@ def _model_inputs(i: int, case: ModelCase, hidden: bool) -> tuple[ref.GPT, ref.G
     and PyTorch's RMSNorm as its final norm, and the token ids idx (B, T), on the CPU."""
     seed = functools.partial(seed_for, "GPT", hidden, i)
     model = ref.GPT(case.vocab, case.d_model, case.n_heads, case.n_layers, case.d_ff, case.eps, case.n_kv_heads)
-    reference = randomise(model.double(), Inputs(seed("weights"))).eval()
-    blocks = nn.ModuleList(stand_ins.StandInBlock(case.d_model) for _ in range(case.n_layers)).double()
+    reference = randomise(model.double(), SeededRandom(seed("weights"))).eval()
+    blocks = nn.ModuleList(stand_in_models.StandInBlock(case.d_model) for _ in range(case.n_layers)).double()
     swapped = copy.deepcopy(reference)
-    swapped.blocks = stand_ins.stand_in_blocks(randomise(blocks, Inputs(seed("stand-ins"))).state_dict())
+    swapped.blocks = stand_in_models.stand_in_blocks(randomise(blocks, SeededRandom(seed("stand-ins"))).state_dict())
     swapped.norm = _torch_rms_norm(reference.norm)
-    return reference, swapped, torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed()).generator)
+    return reference, swapped, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
 
 
 def _logits_and_cache(name, result, shape, like):
@@ -739,7 +739,7 @@ def check_gpt(GPT, hidden: bool = False) -> None:
         run_cases(name, cases, check_case, after=on_meta, prepare=prepare)
 
 
-LENT_TO_GPT = ("blocks", "norm")  # built as ``beside.Recorded``, then replaced by stand-ins (``_with_stand_ins``)
+LENT_TO_GPT = ("blocks", "norm")  # built as ``in_kernel.Recorded``, then replaced by stand-ins (``_with_stand_ins``)
 
 
 def _expect_model_built(name, built, case: ModelCase) -> None:
@@ -760,7 +760,7 @@ def _torch_rms_norm(norm: ref.RMSNorm) -> nn.RMSNorm:
 def _with_stand_ins(model, reference):
     """The learner's GPT with ``reference``'s stand-in blocks and final norm lent in place of its own: GPT is
     graded on its own, whatever the learner's DecoderBlock and RMSNorm do (they have checks of their own)."""
-    model.blocks = make_beside(model, nn.ModuleList, [lend(model, copy.deepcopy(b)) for b in reference.blocks])
+    model.blocks = make_in_kernel(model, nn.ModuleList, [lend(model, copy.deepcopy(b)) for b in reference.blocks])
     model.norm = lend(model, copy.deepcopy(reference.norm))
     return model
 
@@ -771,16 +771,16 @@ def _check_model_case(name, model, reference, idx64, case: ModelCase, device, dt
     expected, _ = reference(idx64)
     logits, _ = _logits_and_cache(name, call(name, model, idx), expected.shape, like)
     if not close(logits, expected):
-        made = candidates(GPT_MISTAKES, reference, idx64, None)
-        name_the_mistake(name, "the logits" + STAND_IN_NOTE, logits, expected, made)
+        mistaken = candidates(GPT_MISTAKES, reference, idx64, None)
+        name_the_mistake(name, "the logits" + STAND_IN_NOTE, logits, expected, mistaken)
     _, cache64 = reference(idx64[:, : case.split])
     _, cache = _logits_and_cache(name, call(name, model, idx[:, : case.split]), (case.batch, case.split, case.vocab), like)
     rest64 = idx64[:, case.split:]
     logits, _ = _logits_and_cache(name, call(name, model, idx[:, case.split:], cache), rest64.shape + (case.vocab,), like)
     if not close(logits, expected[:, case.split:]):
-        made = candidates(GPT_MISTAKES, reference, rest64, cache64)
+        mistaken = candidates(GPT_MISTAKES, reference, rest64, cache64)
         name_the_mistake(name, f"the logits of idx[:, {case.split}:] given the cache of idx[:, :{case.split}]"
-                         + STAND_IN_NOTE, logits, expected[:, case.split:], made)
+                         + STAND_IN_NOTE, logits, expected[:, case.split:], mistaken)
 
 
 def _expect_properties(name, model, idx, case: ModelCase) -> None:
@@ -807,10 +807,10 @@ def _expect_properties(name, model, idx, case: ModelCase) -> None:
 def _expect_gradients(name, model, reference, idx, seed: int) -> None:
     """With stand-in blocks and norm and the reference's weights: GPT's own parameters (the embedding and the
     head) get the reference's gradients."""
-    upstream = Inputs(seed).randn(*idx.shape, reference.head.out_features)
-    expected = {key: grad for key, grad in beside.parameter_gradients(reference, (idx,), upstream)["gradients"].items()
+    upstream = SeededRandom(seed).randn(*idx.shape, reference.head.out_features)
+    expected = {key: grad for key, grad in in_kernel.parameter_gradients(reference, (idx,), upstream)["gradients"].items()
                 if not key.startswith(("blocks.", "norm."))}
-    actual = learner_step(name, lambda: run_beside(beside.parameter_gradients, model, (idx,), upstream), (idx,))
+    actual = learner_step(name, lambda: run_in_kernel(in_kernel.parameter_gradients, model, (idx,), upstream), (idx,))
     if "error" in actual:
         fail(name, f"the logits are not connected to the autograd graph ({actual['error']})",
              "do not use torch.no_grad(), .detach(), .data or .item() inside forward.")
@@ -841,17 +841,17 @@ HIDDEN_LOSS = [LossCase(4, 5, 13, 8), LossCase(1, 8, 9, 16), LossCase(5, 3, 6, 8
 
 def _stand_in_lm(vocab: int, d_model: int, seed: int, sharpen: float = 1.0) -> nn.Module:
     """A float64 stand-in language model with random weights (its weights are what crosses to the kernel)."""
-    model = randomise(stand_ins.StandInLM(vocab, d_model).double(), Inputs(seed))
+    model = randomise(stand_in_models.StandInLM(vocab, d_model).double(), SeededRandom(seed))
     with torch.no_grad():
         model.head.weight *= sharpen
-    return stand_ins.stand_in_lm(model.state_dict())
+    return stand_in_models.stand_in_lm(model.state_dict())
 
 
 def _loss_inputs(i: int, case: LossCase, hidden: bool) -> tuple[nn.Module, torch.Tensor]:
     """Case ``i``'s stand-in model and token ids idx (B, T), on the CPU."""
     seed = functools.partial(seed_for, "lm_loss", hidden, i)
     model = _stand_in_lm(case.vocab, case.d_model, seed("weights"))
-    return model, torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed()).generator)
+    return model, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
 
 
 def _loss(*changes: tuple[str, str]):
@@ -1021,7 +1021,7 @@ def _sample_inputs(i: int, case: SampleCase, hidden: bool) -> tuple[nn.Module, t
     """Case ``i``'s stand-in model (sharpened, so that its draws are not uniform) and prompt idx (B, T), on the CPU."""
     seed = functools.partial(seed_for, "generate", hidden, i)
     model = _stand_in_lm(case.vocab, 8, seed("weights"), sharpen=2.0)
-    return model, torch.randint(case.vocab, (case.batch, case.length), generator=Inputs(seed()).generator)
+    return model, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
 
 
 def check_generate(generate, hidden: bool = False) -> None:
@@ -1040,10 +1040,10 @@ def check_generate(generate, hidden: bool = False) -> None:
 def _check_sample_case(name, generate, case: SampleCase, reference, idx64, device) -> None:
     options = _options(case)
     expected = ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
-                            generator=stand_ins.seeded_generator(str(device), case.seed), **options).cpu()
+                            generator=stand_in_models.seeded_generator(str(device), case.seed), **options).cpu()
     model = lend(generate, copy.deepcopy(reference).to(device))
     idx = idx64.to(device)
-    generator = make_beside(generate, stand_ins.seeded_generator, str(device), case.seed)
+    generator = make_in_kernel(generate, stand_in_models.seeded_generator, str(device), case.seed)
     before = {"idx": (idx, idx.clone())}
     args = (model, idx, case.new)
     run = _sampled(name, generate, args, generator, options)
@@ -1078,7 +1078,7 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
             break
     if not torch.equal(tokens, expected) and options.get("use_cache", True):
         uncached = ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
-                                generator=stand_ins.seeded_generator(str(device), case.seed),
+                                generator=stand_in_models.seeded_generator(str(device), case.seed),
                                 **(options | {"use_cache": False})).cpu()
         if torch.equal(tokens, uncached):
             fail(name, f"use_cache=True but the tokens with {shown} are the ones drawn without the cache (the model "
@@ -1090,7 +1090,7 @@ def _check_sample_case(name, generate, case: SampleCase, reference, idx64, devic
 def _sampled(name, generate, args, generator, options) -> dict:
     """The learner's generate, run with the draws recorded; temperature 0 that divides by it is named."""
     try:
-        return learner_step(name, lambda: run_beside(beside.sampled, generate, *args, generator=generator, **options),
+        return learner_step(name, lambda: run_in_kernel(in_kernel.sampled, generate, *args, generator=generator, **options),
                             args)
     except AssertionError as error:
         if options.get("temperature", 1.0) == 0 and any(w in str(error) for w in ("inf", "nan", "zero")):
@@ -1137,7 +1137,7 @@ def _name_sampling_mistake(name, reference, idx64, case: SampleCase, tokens, nor
     (which the draw hides): only they are tried when the probabilities drawn from were seen not to add up, and
     never when they were seen to, so that another mistake that draws the same tokens on a case keeps its name."""
     drawing = lambda mistake: replace(mistake, compute=lambda model, idx: mistake.compute(
-        model, idx, case.new, generator=stand_ins.seeded_generator("cpu", case.seed), **_options(case)))
+        model, idx, case.new, generator=stand_in_models.seeded_generator("cpu", case.seed), **_options(case)))
     mistakes = {None: SAMPLE_MISTAKES, False: UNNORMALISED, True: NORMALISED}[normalised]
     mistake = matching_mistake(tokens, candidates(map(drawing, mistakes), reference, idx64), exact=True)
     if mistake is not None:
@@ -1214,7 +1214,7 @@ def _reference_gpt(case: LoadCase) -> ref.GPT:
 
 def _load_state(case: LoadCase, seed: int) -> dict:
     """Random weights in a GPT's names, float64 on the CPU (the norms' around 1, so a misplaced one shows)."""
-    return randomise(_reference_gpt(case), Inputs(seed)).state_dict()
+    return randomise(_reference_gpt(case), SeededRandom(seed)).state_dict()
 
 
 def _load_inputs(name: str, layout: dict, i: int, case: LoadCase, hidden: bool, dtype: torch.dtype = torch.float64):
@@ -1222,7 +1222,7 @@ def _load_inputs(name: str, layout: dict, i: int, case: LoadCase, hidden: bool, 
     ``layout`` (``_checkpoint``) and the token ids whose logits judge the load, on the CPU."""
     seed = functools.partial(seed_for, name, hidden, i)
     checkpoint = _checkpoint(layout, case, _load_state(case, seed("checkpoint")), dtype)
-    idx = torch.randint(case.vocab, LOADED_IDX, generator=Inputs(seed()).generator)
+    idx = torch.randint(case.vocab, LOADED_IDX, generator=SeededRandom(seed()).generator)
     return _load_state(case, seed("model")), checkpoint, idx
 
 
@@ -1367,7 +1367,7 @@ def check_load_meta_llama(load_meta_llama, hidden: bool = False) -> None:
 
 
 def _check_loader(name, loader, layout: dict, reference, mistakes: list, hidden: bool) -> None:
-    """The learner's ``loader`` is given a ``stand_ins.LoadTarget`` (a GPT's parameters, random, and each block's
+    """The learner's ``loader`` is given a ``stand_in_models.LoadTarget`` (a GPT's parameters, random, and each block's
     head counts; not the learner's GPT, so a mistake there costs only its own exercise) and a checkpoint, both
     made where the learner's code runs. The weights it then holds are read back and judged here, by the logits
     of a reference GPT holding them, against those of the reference loader."""
@@ -1376,7 +1376,7 @@ def _check_loader(name, loader, layout: dict, reference, mistakes: list, hidden:
     def check_case(i: int, case: LoadCase, device, dtype) -> None:
         before, checkpoint, idx = _load_inputs(name, layout, i, case, hidden, dtype)
         before = {k: v.to(dtype) for k, v in before.items()}  # what the model holds first
-        target = make_beside(loader, stand_ins.load_target, {k: v.to(device) for k, v in before.items()}, case.n_heads)
+        target = make_in_kernel(loader, stand_in_models.load_target, {k: v.to(device) for k, v in before.items()}, case.n_heads)
         run = _call_loader(name, loader, target, {k: v.clone() for k, v in checkpoint.items()}, case, layout)
         if not isinstance(run, dict) or run.get("changed") is not False:  # the kernel's word: a note when graded
             kernel_reported(name, loader, "changed the checkpoint it was given (its tensors, or its keys): the "
@@ -1386,31 +1386,31 @@ def _check_loader(name, loader, layout: dict, reference, mistakes: list, hidden:
         if not isinstance(run, dict) or run.get("model") is not True:
             kernel_reported(name, loader, f"returns {str(run.get('returned') if isinstance(run, dict) else None)[:40]}, "
                             "not the model it was given", LOAD_HINT)
-        state = _loaded_state(name, run_beside(beside.state_of, target), before, device)
+        state = _loaded_state(name, run_in_kernel(in_kernel.state_of, target), before, device)
         before64 = {k: v.double() for k, v in before.items()}
         logits = _loading(lambda model, _: model.load_state_dict(state))(before64, checkpoint, idx, case)
         expected = _loading(reference)(before64, checkpoint, idx, case)
         if not close(logits, expected, precision=dtype):
-            made = list(candidates(mistakes, before64, checkpoint, idx, case))
+            mistaken = list(candidates(mistakes, before64, checkpoint, idx, case))
             loaded = _reference_gpt(case)
             loaded.load_state_dict(before64)
             reference(loaded, checkpoint)
             differing = [key for key, value in loaded.state_dict().items() if not close(state[key], value)]
-            if matching_mistake(logits, made) is None:
+            if matching_mistake(logits, mistaken) is None:
                 _name_a_parameter(name, state, loaded.state_dict(), before64, differing)
             where = f" (the first parameter that differs from the reference's: {differing[0]})" if differing else ""
             name_the_mistake(name, f"the logits of a GPT holding the weights your function loaded{where}", logits,
-                             expected, made)
+                             expected, mistaken)
 
     with strict_numerics(), one_thread():
         run_cases(name, cases, check_case)
 
 
 def _call_loader(name, loader, target, checkpoint: dict, case: LoadCase, layout: dict) -> dict:
-    """``loader(target, checkpoint)``, run where the learner's code runs (``beside.loaded``); an error that a
+    """``loader(target, checkpoint)``, run where the learner's code runs (``in_kernel.loaded``); an error that a
     known mistake explains is named."""
     try:
-        return learner_step(name, lambda: run_beside(beside.loaded, loader, target, checkpoint), (target, checkpoint))
+        return learner_step(name, lambda: run_in_kernel(in_kernel.loaded, loader, target, checkpoint), (target, checkpoint))
     except AssertionError as error:
         message = str(error)
         if "raised" not in message:

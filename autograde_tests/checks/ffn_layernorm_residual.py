@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from ..reference import ffn_layernorm_residual as ref
-from ..remote.proxy import is_a, is_module, lend, make_beside, run_beside, type_name
-from . import beside, stand_ins
+from ..remote.proxy import is_a, is_module, lend, make_in_kernel, run_in_kernel, type_name
+from . import in_kernel, stand_in_models
 from .harness import (
     DROPOUT_IN_EVAL,
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -28,7 +28,7 @@ from .harness import (
     edited,
     expect_tensor,
     fail,
-    grid,
+    devices_and_dtypes,
     largest_error,
     learner_step,
     name_the_mistake,
@@ -102,8 +102,8 @@ def _ffn_drawn(name, case: FeedForwardCase, hidden: bool, i: int) -> tuple[ref.P
     """Case ``i``'s reference FFN, with random weights, and its input, float64 on the CPU: what the check
     draws (and the test of its mistakes)."""
     module = ref.PositionwiseFeedForward(case.d_model, case.d_ff).double()
-    reference = randomise(module, Inputs(seed_for(name, hidden, i, "weights"))).eval()
-    return reference, Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
+    reference = randomise(module, SeededRandom(seed_for(name, hidden, i, "weights"))).eval()
+    return reference, SeededRandom(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
 
 
 def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = False) -> None:
@@ -124,16 +124,16 @@ def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = Fals
             name_the_mistake(name, "the output", out, expected, candidates(FFN_MISTAKES, reference, x64))
 
     with strict_numerics():
-        _expect_position_wise(name, PositionwiseFeedForward, cases[0], Inputs(seed_for(name, hidden, "position-wise")))
+        _expect_position_wise(name, PositionwiseFeedForward, cases[0], SeededRandom(seed_for(name, hidden, "position-wise")))
         run_cases(name, cases, check_case)
 
 
-def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, draw: Inputs) -> None:
+def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, rng: SeededRandom) -> None:
     """Position-wise, on the learner's own initial weights: each output row depends on its input row
     only, through the same function at every position (permuting positions permutes the output)."""
     module = construct(name, PositionwiseFeedForward, case.d_model, case.d_ff, dropout=case.dropout)
     module.to(torch.float64)
-    x = draw.randn(case.batch, case.length, case.d_model)
+    x = rng.randn(case.batch, case.length, case.d_model)
     out = call(name, module, x)
     expect_tensor(name, "the output", out, x.shape, like=x)
     _expect_deterministic(name, out, lambda: call(name, module, x))
@@ -143,7 +143,7 @@ def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, 
     )
     for t in range(case.length):
         nudged = x.clone()
-        nudged[:, t] += draw.randn(case.batch, case.d_model)
+        nudged[:, t] += rng.randn(case.batch, case.d_model)
         changed = call(name, module, nudged)
         for s in range(case.length):
             if s != t and not close(changed[:, s], out[:, s]):
@@ -153,7 +153,7 @@ def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, 
                     "(a position-wise FFN transforms each token on its own; mixing positions is attention's job)",
                     hint,
                 )
-    order = torch.randperm(case.length, generator=draw.generator)
+    order = torch.randperm(case.length, generator=rng.generator)
     if not close(call(name, module, x[:, order]), out[:, order]):
         fail(
             name,
@@ -213,7 +213,7 @@ def _conv_from_the_learner(name, ffn_as_conv1d, ffn64: ref.PositionwiseFeedForwa
     """The learner's convolutions, built from the weights of ``ffn64`` (handed over in float32, as a
     learner's FFN would be: its weights are exact in float32 and float64 alike)."""
     before = {k: v.float() for k, v in ffn64.state_dict().items()}
-    ffn = make_beside(ffn_as_conv1d, beside.ffn_weights, before)
+    ffn = make_in_kernel(ffn_as_conv1d, in_kernel.ffn_weights, before)
     conv = call(name, ffn_as_conv1d, ffn)
     if not is_module(conv):
         fail(name, f"should return an nn.Module, got {type_name(conv)}")
@@ -243,7 +243,7 @@ def _expect_convolution_classes(name, conv: nn.Module) -> None:
 def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> None:
     """The kernel's record of the run: which convolutions ran, and whether F.linear did (``kernel_reported``;
     ``_expect_output_follows_the_convolutions`` is the rule the grader checks itself)."""
-    calls = learner_step(name, lambda: run_beside(beside.convolution_calls, conv, x), (x,))
+    calls = learner_step(name, lambda: run_in_kernel(in_kernel.convolution_calls, conv, x), (x,))
     if not isinstance(calls, dict):
         fail(name, "the grader could not watch your module run")
     if calls.get("unused"):
@@ -258,7 +258,7 @@ def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> 
 
 
 def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward,
-                                            x64: torch.Tensor, draw: Inputs) -> None:
+                                            x64: torch.Tensor, rng: SeededRandom) -> None:
     """With new weights put into its two 1x1 convolutions, the module must compute the FFN of those weights:
     a value judged here, which shows the convolutions do the computing (and not weights kept elsewhere). The
     layers are found by the shapes of their weights, (out, in, 1), whatever class the kernel names."""
@@ -270,7 +270,7 @@ def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.Po
         layer = next((m for m, found in layers if found == shape), None)
         if layer is None:
             fail(name, f"no nn.Conv1d layer has a weight of shape {shape}, the shape of a 1x1 convolution for this FFN")
-        weights.append(draw.randn(*shape) / shape[1] ** 0.5)
+        weights.append(rng.randn(*shape) / shape[1] ** 0.5)
         layer.weight = nn.Parameter(weights[-1].clone())
     with torch.no_grad():
         hidden = torch.relu(x64 @ weights[0][..., 0].T + ffn64.linear1.bias)
@@ -290,8 +290,8 @@ def _conv_drawn(name, case: ConvCase, hidden: bool, i: int) -> tuple[ref.Positio
     """Case ``i``'s FFN, float64 with weights exact in float32 too (drawn in float32), and its float64 input:
     what the check draws (and the test of its mistakes)."""
     module = ref.PositionwiseFeedForward(case.d_model, case.d_ff)
-    ffn64 = randomise(module, Inputs(seed_for(name, hidden, i, "weights"))).double().eval()
-    return ffn64, Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
+    ffn64 = randomise(module, SeededRandom(seed_for(name, hidden, i, "weights"))).double().eval()
+    return ffn64, SeededRandom(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model)
 
 
 def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
@@ -314,9 +314,9 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
             name_the_mistake(name, "the output", out, expected, candidates(CONV_MISTAKES, ref.ffn_as_conv1d(ffn64), x64),
                              otherwise=lambda: _expect_copied_weights(name, conv, ffn64),
                              against="the FFN it was built from")
-        if (device, dtype) == grid()[-1]:  # the case's last run: this puts new weights into the convolutions
-            draw = Inputs(seed_for(name, hidden, i, "new weights"))
-            _expect_output_follows_the_convolutions(name, conv, ffn64, x64, draw)
+        if (device, dtype) == devices_and_dtypes()[-1]:  # the case's last run: this puts new weights into the convolutions
+            rng = SeededRandom(seed_for(name, hidden, i, "new weights"))
+            _expect_output_follows_the_convolutions(name, conv, ffn64, x64, rng)
 
     with strict_numerics():
         run_cases(name, cases, check_case, prepare=build)
@@ -440,10 +440,10 @@ def _layer_norm_drawn(name, case: LayerNormCase, hidden: bool, i: int) -> tuple[
     """Case ``i``'s reference LayerNorm, with random weights, and its input, float64 on the CPU: what the
     check draws (and the test of its mistakes)."""
     eps = 1e-5 if case.eps is None else case.eps
-    reference = randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), Inputs(seed_for(name, hidden, i, "weights")))
-    draw = Inputs(seed_for(name, hidden, i))
-    offset = 3 * draw.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
-    return reference, (draw.randn(*case.shape) + offset) * case.scale
+    reference = randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), SeededRandom(seed_for(name, hidden, i, "weights")))
+    rng = SeededRandom(seed_for(name, hidden, i))
+    offset = 3 * rng.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
+    return reference, (rng.randn(*case.shape) + offset) * case.scale
 
 
 def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
@@ -473,7 +473,7 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
 
     def gradients_and_devices() -> None:
         # after every case's output: a mistake that shows in the output is named as such, not as a gradient
-        for device, dtype in grid():
+        for device, dtype in devices_and_dtypes():
             _expect_layer_norm_gradients(name, LayerNorm, cases[0], hidden, 0, device, dtype)
         module = _loaded_layer_norm(name, LayerNorm, cases[0], hidden, 0, torch.device("cpu"), torch.float64)
         expect_device_agnostic(name, _module_on_meta(module), (_layer_norm_drawn(name, cases[0], hidden, 0)[1],))
@@ -492,7 +492,7 @@ def _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype) -> nn.Mo
 def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i, device, dtype) -> None:
     """Backpropagate a random upstream gradient through the learner's and the reference LayerNorm."""
     reference, x64 = _layer_norm_drawn(name, case, hidden, i)
-    upstream = Inputs(seed_for(name, hidden, i, "upstream")).randn(*case.shape)
+    upstream = SeededRandom(seed_for(name, hidden, i, "upstream")).randn(*case.shape)
     x_ref = x64.clone().requires_grad_()
     (reference(x_ref) * upstream).sum().backward()
     expected = {"x": x_ref.grad, "weight": reference.weight.grad, "bias": reference.bias.grad}
@@ -500,7 +500,7 @@ def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i
     module = _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype)
     x = x64.to(device=device, dtype=dtype)
     upstream = upstream.to(device=device, dtype=dtype)
-    actual = learner_step(name, lambda: run_beside(beside.gradients, module, x, upstream, ["weight", "bias"]), (x,))
+    actual = learner_step(name, lambda: run_in_kernel(in_kernel.gradients, module, x, upstream, ["weight", "bias"]), (x,))
     if "error" in actual:
         fail(
             name,
@@ -626,12 +626,12 @@ def _sublayer_drawn(name, case: SublayerCase, hidden: bool, i: int) -> tuple[ref
     """Case ``i``'s LayerNorm (random weights), sublayer and input, float64 on the CPU: what the check draws
     (and the test of its mistakes). The sublayer is one the learner did not write: self-attention with no
     parameters, or a random position-wise layer."""
-    x64 = 2 * Inputs(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model) + 1
-    norm = randomise(ref.LayerNorm(case.d_model).double(), Inputs(seed_for(name, hidden, i, "weights")))
+    x64 = 2 * SeededRandom(seed_for(name, hidden, i)).randn(case.batch, case.length, case.d_model) + 1
+    norm = randomise(ref.LayerNorm(case.d_model).double(), SeededRandom(seed_for(name, hidden, i, "weights")))
     if case.sublayer == "attention":
-        return norm, stand_ins.attention_sublayer, x64
-    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), Inputs(seed_for(name, hidden, i, "sublayer")))
-    return norm, stand_ins.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()}), x64
+        return norm, stand_in_models.attention_sublayer, x64
+    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), SeededRandom(seed_for(name, hidden, i, "sublayer")))
+    return norm, stand_in_models.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()}), x64
 
 
 def _moved(f: Callable, device, dtype=torch.float64) -> Callable:
@@ -664,7 +664,7 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
         with torch.no_grad():  # before the learner's code meets x (on the CPU in float64, x is x64)
             expected = (_pre if case.norm_first else _post)(x64, f, norm)
         x = x64.to(device=device, dtype=dtype)
-        sublayer = lend(module, stand_ins.CountedSublayer(_moved(f, device, dtype)))
+        sublayer = lend(module, stand_in_models.CountedSublayer(_moved(f, device, dtype)))
         out = call(name, module, x, sublayer)
         if sublayer.calls != 1:  # the grader's own count: the sublayer is lent (``lend``)
             fail(
@@ -676,9 +676,9 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
         out = out.detach()
         _expect_deterministic(name, out, lambda: call(name, module, x, sublayer).detach())
         if not close(out, expected):
-            made = candidates(SUBLAYER_MISTAKES, _reference_connection(norm, case.norm_first), x64, f)
+            mistaken = candidates(SUBLAYER_MISTAKES, _reference_connection(norm, case.norm_first), x64, f)
             placement = "Pre-LN (norm_first=True)" if case.norm_first else "Post-LN (norm_first=False)"
-            name_the_mistake(name, f"the {placement} output", out, expected, made)
+            name_the_mistake(name, f"the {placement} output", out, expected, mistaken)
         if i < 2 and dtype == torch.float64:  # one Post-LN and one Pre-LN case in training mode, on every device
             _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case, hidden, i, device)
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .. import reference
-from ..remote.proxy import is_module, run_beside, type_name
+from ..remote.proxy import is_module, run_in_kernel, type_name
 from ..remote.wire import RemoteError
 
 # The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
@@ -47,7 +47,7 @@ def devices() -> list[torch.device]:
     return found
 
 
-def grid(dtypes=DTYPES) -> list[tuple[torch.device, torch.dtype]]:
+def devices_and_dtypes(dtypes=DTYPES) -> list[tuple[torch.device, torch.dtype]]:
     """Every (device, dtype) a check runs its cases on."""
     return [(device, dtype) for device in devices() for dtype in dtypes]
 
@@ -62,7 +62,7 @@ def run_cases(name: str, cases: list, check_case: Callable, after: Callable = la
     module built once whatever the device), and its result is ``check_case``'s fifth argument. ``dtypes`` of
     float64 alone is the path of checks that need it; ``cpu_only`` is for what takes no device (it makes its
     tensors itself), which would only run twice on a GPU machine."""
-    where = [(device, dtype) for device, dtype in grid(dtypes) if device.type == "cpu" or not cpu_only]
+    where = [(device, dtype) for device, dtype in devices_and_dtypes(dtypes) if device.type == "cpu" or not cpu_only]
     prepared = {}
     for device, dtype in where:
         for index, case in enumerate(cases):
@@ -136,7 +136,7 @@ def seed_for(name: str, hidden: bool, *purpose: object) -> int:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=4).digest(), "little")
 
 
-class Inputs:
+class SeededRandom:
     """Seeded random inputs, the same numbers on every device and dtype (drawn on the CPU in float64)."""
 
     def __init__(self, seed: int):
@@ -149,7 +149,7 @@ class Inputs:
         return torch.rand(shape, generator=self.generator, dtype=torch.float64) < p
 
 
-def randomise(module: nn.Module, draw: Inputs) -> nn.Module:
+def randomise(module: nn.Module, rng: SeededRandom) -> nn.Module:
     """Overwrite every parameter with seeded numbers of a useful size, so no check depends on initialisation.
 
     Weights ~ N(0, 1/fan_in), so that projections keep unit variance and softmax does not saturate; biases,
@@ -158,7 +158,7 @@ def randomise(module: nn.Module, draw: Inputs) -> nn.Module:
     """
     with torch.no_grad():
         for name, p in sorted(module.named_parameters()):
-            noise = draw.randn(*p.shape).to(p.dtype)
+            noise = rng.randn(*p.shape).to(p.dtype)
             if p.dim() >= 2:
                 p.copy_(noise / math.sqrt(p[0].numel()))
             elif name.split(".")[-1] == "weight":

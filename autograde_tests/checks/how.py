@@ -10,13 +10,13 @@ made in the sandboxed kernel, which the learner controls (``shared/design/gradin
 1): there it is the kernel's word, shown as a note, worth no points either way. ``kernel_reported`` is
 the one place that decides this; every rule that reads such a record goes through it: the forbidden
 built-ins the kernel saw run, the run on shape-only tensors (``expect_device_agnostic``), and the rules
-of each chapter's checks that read ``beside``'s records or the classes a proxy reports.
+of each chapter's checks that read ``in_kernel``'s records or the classes a proxy reports.
 """
 
 from collections.abc import Callable, Iterable, Mapping
 
-from ..remote.proxy import Remote, run_beside, static_names
-from .beside import operators_used, run_on_meta
+from ..remote.proxy import Remote, run_in_kernel, static_names
+from .in_kernel import operators_used, run_on_meta
 from .harness import FIXED_DEVICE_HINT, ON_A_FIXED_DEVICE, exception_name, fail, learner_step
 
 NOTE = "note from your kernel's own record, not graded"
@@ -42,7 +42,7 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
     case, mapped to what the learner called, for the message).
 
     Two readings, in the order of ``forbidden``. The grader's own reading of the learner's source (every
-    name the definition of ``fn`` reaches, ``grading.reach``; only a graded run makes it) fails the check.
+    name the definition of ``fn`` reaches, ``grading.static_names``; only a graded run makes it) fails the check.
     The torch functions and ATen operators that ``fn(*args)`` ran, recorded next to the learner's code, also
     catch what no source shows (a name computed at run time, a built-in called inside a library function);
     that record is the kernel's word (``kernel_reported``): the rule in JupyterLab, a note in a graded run.
@@ -52,7 +52,7 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
         used = named_like(fragment, written)
         if used:
             fail(name, _built_in_problem(what, used), BUILT_IN_HINT)
-    ran = learner_step(name, lambda: run_beside(operators_used, fn, args), args)
+    ran = learner_step(name, lambda: run_in_kernel(operators_used, fn, args), args)
     for fragment, what in forbidden.items():
         used = named_like(fragment, ran if isinstance(ran, list) else [])
         if used:
@@ -90,7 +90,7 @@ def expect_device_agnostic(name: str, fn: Callable, args: tuple, kwargs: dict | 
 
 def _device_problem(fn: Callable, args: tuple, kwargs: dict) -> str | None:
     try:
-        probe = run_beside(run_on_meta, fn, args, kwargs)
+        probe = run_in_kernel(run_on_meta, fn, args, kwargs)
     except Exception as exc:  # run_on_meta returns the learner's errors: only a probe that was replaced raises
         return f"the grader could not run your code on shape-only tensors ({exception_name(exc)}: {exc})"
     if not isinstance(probe, dict):

@@ -15,7 +15,7 @@ from ..reference import multi_head_attention as ref
 from ..reference.attention import scaled_dot_product_attention
 from .harness import (
     ChangedInput,
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -106,12 +106,12 @@ MERGE_MISTAKES = [
 
 def _split_input(case: HeadsCase, hidden: bool, i: int) -> torch.Tensor:
     """split_heads' input x, (B, T, h * d_k), of case ``i`` of the visible or hidden cases, float64 on the CPU."""
-    return Inputs(seed_for("split_heads", hidden, i)).randn(case.batch, case.length, case.n_heads * case.d_k)
+    return SeededRandom(seed_for("split_heads", hidden, i)).randn(case.batch, case.length, case.n_heads * case.d_k)
 
 
 def _merge_input(case: HeadsCase, hidden: bool, i: int) -> torch.Tensor:
     """merge_heads' input x, (B, h, T, d_k), of case ``i`` of the visible or hidden cases, float64 on the CPU."""
-    return Inputs(seed_for("merge_heads", hidden, i)).randn(case.batch, case.n_heads, case.length, case.d_k)
+    return SeededRandom(seed_for("merge_heads", hidden, i)).randn(case.batch, case.n_heads, case.length, case.d_k)
 
 
 def check_split_heads(split_heads, hidden: bool = False) -> None:
@@ -137,7 +137,7 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
 
     with strict_numerics():
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
-            name, split_heads, (Inputs(seed_for(name, hidden, "device")).randn(2, 3, 8), cases[0].n_heads)))
+            name, split_heads, (SeededRandom(seed_for(name, hidden, "device")).randn(2, 3, 8), cases[0].n_heads)))
 
 
 def check_merge_heads(merge_heads, hidden: bool = False) -> None:
@@ -157,7 +157,7 @@ def check_merge_heads(merge_heads, hidden: bool = False) -> None:
 
     with strict_numerics():
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
-            name, merge_heads, (Inputs(seed_for(name, hidden, "device")).randn(2, 2, 3, 4),)))
+            name, merge_heads, (SeededRandom(seed_for(name, hidden, "device")).randn(2, 2, 3, 4),)))
 
 
 # ---------------------------------------------------------------------------------- MultiHeadAttention
@@ -193,12 +193,12 @@ HIDDEN_MHA = [
 
 def _mha_inputs(case: MHACase, hidden: bool, i: int):
     """Case ``i``'s float64 CPU x, y, our mask (True = may attend) and torch's two masks (True = blocked)."""
-    draw = Inputs(seed_for("MultiHeadAttention", hidden, i))
+    rng = SeededRandom(seed_for("MultiHeadAttention", hidden, i))
     B, m, n, h = case.batch, case.m, case.n, case.n_heads
-    x = draw.randn(B, m, case.d_model)
-    y = x if case.self_attention else draw.randn(B, n, case.d_model)
-    keys = draw.bernoulli(0.7, B, n)
-    pairs = draw.bernoulli(0.7, *((B, h, m, n) if case.mask == "heads" else (m, n)))
+    x = rng.randn(B, m, case.d_model)
+    y = x if case.self_attention else rng.randn(B, n, case.d_model)
+    keys = rng.bernoulli(0.7, B, n)
+    pairs = rng.bernoulli(0.7, *((B, h, m, n) if case.mask == "heads" else (m, n)))
     keys[:, 0] = pairs[..., 0] = True  # no query may attend to nothing: torch would return NaN there
     mask = key_padding = attn = None
     if case.mask in ("keys", "both"):
@@ -214,7 +214,7 @@ def _modules(case: MHACase, hidden: bool, i: int):
     torch_mha = nn.MultiheadAttention(
         case.d_model, case.n_heads, bias=case.bias, batch_first=True, dtype=torch.float64
     ).eval()
-    randomise(torch_mha, Inputs(seed_for("MultiHeadAttention", hidden, i, "weights")))
+    randomise(torch_mha, SeededRandom(seed_for("MultiHeadAttention", hidden, i, "weights")))
     return torch_mha, ref.MultiHeadAttention.from_torch(torch_mha).eval()
 
 

@@ -3,7 +3,7 @@ teacher-forcing loss and greedy decoding.
 
 Every module check loads the reference's (random) weights into the learner's module by name, so no answer
 depends on initialisation order. Each exercise is graded on its own where it can be: the Transformer check
-compares the numbers with stand-in layers (``stand_ins``) in place of the learner's EncoderLayer and
+compares the numbers with stand-in layers (``stand_in_models``) in place of the learner's EncoderLayer and
 DecoderLayer, and the loss and decoding checks drive a stand-in model. Properties (causality, padding,
 batch order) and the "can it learn" check run the learner's whole model. Visible checks use one set of shapes and seeds;
 the hidden ones nbgrader runs use others.
@@ -20,12 +20,12 @@ from torch import nn
 from ..reference import transformer as ref
 from ..reference.attention_variants import padding_mask
 from ..toy_task import BOS, PAD, VOCAB, random_digits, reversal_batch, to_batch
-from ..remote.proxy import lend, make_beside, type_name
-from . import stand_ins
+from ..remote.proxy import lend, make_in_kernel, type_name
+from . import stand_in_models
 from .harness import (
     DROPOUT_IN_EVAL,
     ChangedInput,
-    Inputs,
+    SeededRandom,
     Mistake,
     call,
     candidates,
@@ -48,9 +48,9 @@ from .harness import (
 from .how import expect_device_agnostic, kernel_reported
 
 
-def _lengths(draw: Inputs, batch: int, length: int) -> torch.Tensor:
+def _lengths(rng: SeededRandom, batch: int, length: int) -> torch.Tensor:
     """Lengths in 1 .. length, the first one full: padding happens and no sequence is empty."""
-    lengths = torch.randint(1, length + 1, (batch,), generator=draw.generator)
+    lengths = torch.randint(1, length + 1, (batch,), generator=rng.generator)
     lengths[0] = length
     return lengths
 
@@ -170,13 +170,13 @@ HIDDEN_LAYER = [
 
 def _layer_inputs(case: LayerCase, seed: int):
     """Float64 CPU target states x (B, T, d), memory (B, S, d) and the two padding masks (or None)."""
-    draw = Inputs(seed)
-    x = draw.randn(case.batch, case.tgt_len, case.d_model)
-    memory = draw.randn(case.batch, case.src_len, case.d_model)
+    rng = SeededRandom(seed)
+    x = rng.randn(case.batch, case.tgt_len, case.d_model)
+    memory = rng.randn(case.batch, case.src_len, case.d_model)
     if not case.padded:
         return x, memory, None, None
-    tgt_mask = padding_mask(_lengths(draw, case.batch, case.tgt_len), case.tgt_len)
-    memory_mask = padding_mask(_lengths(draw, case.batch, case.src_len), case.src_len)
+    tgt_mask = padding_mask(_lengths(rng, case.batch, case.tgt_len), case.tgt_len)
+    memory_mask = padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
     return x, memory, tgt_mask, memory_mask
 
 
@@ -185,7 +185,7 @@ def _layer_case(Reference, case: LayerCase, hidden: bool, i: int):
     drawn by the one seed rule for the check named after the layer."""
     name = Reference.__name__
     layer = Reference(case.d_model, case.n_heads, case.d_ff, norm_first=case.norm_first).double()
-    layer = randomise(layer, Inputs(seed_for(name, hidden, i, "weights"))).eval()
+    layer = randomise(layer, SeededRandom(seed_for(name, hidden, i, "weights"))).eval()
     return layer, _layer_inputs(case, seed_for(name, hidden, i))
 
 
@@ -347,8 +347,8 @@ def _check_layer_class(Layer, Reference, hidden, hint, arguments: Callable, mist
                 fail(name, *DROPOUT_IN_EVAL)
         if not close(out, expected):
             placement = "Pre-LN" if case.norm_first else "Post-LN"
-            made = candidates(mistakes, reference, *args64)
-            name_the_mistake(name, f"the {placement} output", out, expected, made)
+            mistaken = candidates(mistakes, reference, *args64)
+            name_the_mistake(name, f"the {placement} output", out, expected, mistaken)
 
     def on_meta() -> None:
         i, case = next((i, c) for i, c in enumerate(cases) if c.padded)
@@ -396,12 +396,12 @@ SWAPPED_LAYERS = (
 
 def _model_inputs(case: ModelCase, seed: int):
     """src (B, S) and tgt (B, T) token ids with their padding masks (B, S), (B, T)."""
-    draw = Inputs(seed)
+    rng = SeededRandom(seed)
     # Source ids valid in both vocabularies, so that a decoder fed the source runs (and is caught) too.
-    src = torch.randint(case.tgt_vocab, (case.batch, case.src_len), generator=draw.generator)
-    tgt = torch.randint(case.tgt_vocab, (case.batch, case.tgt_len), generator=draw.generator)
-    src_mask = padding_mask(_lengths(draw, case.batch, case.src_len), case.src_len)
-    tgt_mask = padding_mask(_lengths(draw, case.batch, case.tgt_len), case.tgt_len)
+    src = torch.randint(case.tgt_vocab, (case.batch, case.src_len), generator=rng.generator)
+    tgt = torch.randint(case.tgt_vocab, (case.batch, case.tgt_len), generator=rng.generator)
+    src_mask = padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
+    tgt_mask = padding_mask(_lengths(rng, case.batch, case.tgt_len), case.tgt_len)
     return src, tgt, src_mask, tgt_mask
 
 
@@ -414,7 +414,7 @@ def _model_case(case: ModelCase, hidden: bool, i: int) -> tuple[ref.Transformer,
     (``_stand_in_states``) and its inputs (``_model_inputs``), drawn by the one seed rule."""
     with default_dtype(torch.float64):
         model = ref.Transformer(*_model_args(case), norm_first=case.norm_first)
-    reference = randomise(model, Inputs(seed_for("Transformer", hidden, i, "weights"))).eval()
+    reference = randomise(model, SeededRandom(seed_for("Transformer", hidden, i, "weights"))).eval()
     return reference, _stand_in_states(case, hidden, i), _model_inputs(case, seed_for("Transformer", hidden, i))
 
 
@@ -558,17 +558,17 @@ def _expect_model_parameters(name, learner: nn.Module, reference: ref.Transforme
 def _stand_in_states(case: ModelCase, hidden: bool, i: int) -> dict:
     """Random weights for the stand-in encoder and decoder layers of the ``i``-th case's model."""
     states = {}
-    for kind, layer in (("encoder", stand_ins.StandInEncoderLayer), ("decoder", stand_ins.StandInDecoderLayer)):
+    for kind, layer in (("encoder", stand_in_models.StandInEncoderLayer), ("decoder", stand_in_models.StandInDecoderLayer)):
         layers = nn.ModuleList(layer(case.d_model) for _ in range(case.n_layers)).double()
-        states[kind] = randomise(layers, Inputs(seed_for("Transformer", hidden, i, f"{kind} layers"))).state_dict()
+        states[kind] = randomise(layers, SeededRandom(seed_for("Transformer", hidden, i, f"{kind} layers"))).state_dict()
     return states
 
 
 def _with_stand_in_layers(model: nn.Module, states: dict) -> nn.Module:
     """``model`` with stand-in layers as its encoder and decoder layers, lent to it (``lend``)."""
     for kind in ("encoder", "decoder"):
-        layers = [lend(model, layer) for layer in stand_ins.stand_in_layers(kind, states[kind])]
-        setattr(model, f"{kind}_layers", make_beside(model, nn.ModuleList, layers))
+        layers = [lend(model, layer) for layer in stand_in_models.stand_in_layers(kind, states[kind])]
+        setattr(model, f"{kind}_layers", make_in_kernel(model, nn.ModuleList, layers))
     return model
 
 
@@ -626,8 +626,8 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
         memory = call(f"{name}.encode", model.encode, src, src_mask)
         expect_tensor(f"{name}.encode", "the memory", memory, memory64.shape, like=like)
         if not close(memory, memory64):
-            made = candidates(ENCODE_MISTAKES, reference, src64, src_mask64)
-            name_the_mistake(f"{name}.encode", "the memory" + SWAPPED_LAYERS, memory, memory64, made)
+            mistaken = candidates(ENCODE_MISTAKES, reference, src64, src_mask64)
+            name_the_mistake(f"{name}.encode", "the memory" + SWAPPED_LAYERS, memory, memory64, mistaken)
 
         logits64 = reference.decode(tgt64, memory64, tgt_mask64, src_mask64)
         memory = memory64.to(device=device, dtype=dtype)
@@ -640,8 +640,8 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
             )
         expect_tensor(f"{name}.decode", "the logits", logits, logits64.shape, like=like)
         if not close(logits, logits64):
-            made = candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
-            name_the_mistake(f"{name}.decode", "the logits" + SWAPPED_LAYERS, logits, logits64, made)
+            mistaken = candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
+            name_the_mistake(f"{name}.decode", "the logits" + SWAPPED_LAYERS, logits, logits64, mistaken)
 
         try:
             logits = call(name, model, src, tgt, src_mask, tgt_mask)
@@ -663,21 +663,21 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
             )
         expect_tensor(name, "the logits", logits, logits64.shape, like=like)
         if not close(logits, logits64):
-            made = candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
-            name_the_mistake(name, "the logits of forward" + SWAPPED_LAYERS, logits, logits64, made)
+            mistaken = candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
+            name_the_mistake(name, "the logits of forward" + SWAPPED_LAYERS, logits, logits64, mistaken)
 
 
 def _expect_properties(name, model: nn.Module, inputs64, seed: int) -> None:
     """Causal, blind to the source's padding, independent of batch order: on the learner's own layers (the
     tokens changed drawn from ``seed``)."""
     src, tgt, src_mask, tgt_mask = inputs64
-    draw = Inputs(seed)
+    rng = SeededRandom(seed)
     vocab_src, vocab_tgt = model.src_embed.num_embeddings, model.tgt_embed.num_embeddings
     with torch.no_grad():
         logits = call(name, model, src, tgt)
         for t in range(1, tgt.size(1)):
             changed = tgt.clone()
-            changed[:, t:] = torch.randint(vocab_tgt, changed[:, t:].shape, generator=draw.generator)
+            changed[:, t:] = torch.randint(vocab_tgt, changed[:, t:].shape, generator=rng.generator)
             if not close(call(name, model, src, changed)[:, :t], logits[:, :t]):
                 fail(
                     name,
@@ -687,7 +687,7 @@ def _expect_properties(name, model: nn.Module, inputs64, seed: int) -> None:
                     "the self-attention (decoder self-attention without the causal mask).",
                 )
         logits = call(name, model, src, tgt, src_mask, tgt_mask)
-        repadded = torch.where(src_mask, src, torch.randint(vocab_src, src.shape, generator=draw.generator))
+        repadded = torch.where(src_mask, src, torch.randint(vocab_src, src.shape, generator=rng.generator))
         if not close(call(name, model, repadded, tgt, src_mask, tgt_mask), logits):
             fail(
                 name,
@@ -695,7 +695,7 @@ def _expect_properties(name, model: nn.Module, inputs64, seed: int) -> None:
                 "pass src_padding_mask to every EncoderLayer and, as memory_padding_mask, to every DecoderLayer "
                 "(the cross-attention needs the source padding mask too).",
             )
-        order = torch.randperm(src.size(0), generator=draw.generator)
+        order = torch.randperm(src.size(0), generator=rng.generator)
         permuted = call(name, model, src[order], tgt[order], src_mask[order], tgt_mask[order])
         if not close(permuted, logits[order]):
             fail(
@@ -723,14 +723,14 @@ def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
         reference = ref.Transformer(VOCAB, VOCAB, 32, 4, 2, 64, norm_first=norm_first)
         model = construct(name, Transformer, VOCAB, VOCAB, 32, 4, 2, 64, norm_first=norm_first)
         copy_weights(name, model, reference, MODEL_HINT)
-        draw = torch.Generator().manual_seed(seed)
-        trained = random_digits(draw, LEARN_BATCH, *LEARN_LENGTHS)
+        rng = torch.Generator().manual_seed(seed)
+        trained = random_digits(rng, LEARN_BATCH, *LEARN_LENGTHS)
         src, tgt = to_batch(trained, "reverse")
         run = _train(name, model, src, tgt)
         losses = run.get("losses") if isinstance(run, dict) else None
         losses = losses if isinstance(losses, list) and losses and all(isinstance(x, float) for x in losses) else [math.nan]
         _note_the_training_run(name, model, run, losses)
-        fresh = _fresh_strings(draw, {tuple(digits) for digits in trained})
+        fresh = _fresh_strings(rng, {tuple(digits) for digits in trained})
         right = _reversed_correctly(name, model.eval(), *to_batch(fresh, "reverse"))
     if right < FRESH_RIGHT:
         fail(
@@ -746,7 +746,7 @@ def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
 def _train(name, model, src: torch.Tensor, tgt: torch.Tensor):
     """Train ``model`` where it lives, ``LEARN_CALL`` steps a call: the training run's last report."""
     inputs, labels = tgt[:, :-1], tgt[:, 1:]
-    training = make_beside(model, stand_ins.Training, model, src, inputs, labels, PAD, LEARN_LR)
+    training = make_in_kernel(model, stand_in_models.Training, model, src, inputs, labels, PAD, LEARN_LR)
     for _ in range(0, LEARN_STEPS, LEARN_CALL):
         run = learner_step(name, lambda: training.run(LEARN_CALL, LEARN_LOSS), (src, tgt))
         if not isinstance(run, dict) or run.get("done") is not False:
@@ -768,11 +768,11 @@ def _note_the_training_run(name, model, run, losses: list[float]) -> None:
         kernel_reported(name, model, f"training on a fixed batch, the loss became {losses[-1]} at step {len(losses) - 1}")
 
 
-def _fresh_strings(draw: torch.Generator, trained: set[tuple[int, ...]]) -> list[list[int]]:
+def _fresh_strings(rng: torch.Generator, trained: set[tuple[int, ...]]) -> list[list[int]]:
     """``FRESH`` strings of digits, none of them among those the model was trained on."""
     fresh: list[list[int]] = []
     while len(fresh) < FRESH:
-        fresh += [d for d in random_digits(draw, FRESH, *LEARN_LENGTHS) if tuple(d) not in trained][: FRESH - len(fresh)]
+        fresh += [d for d in random_digits(rng, FRESH, *LEARN_LENGTHS) if tuple(d) not in trained][: FRESH - len(fresh)]
     return fresh
 
 
@@ -805,13 +805,13 @@ HIDDEN_DATA = [DataCase(5, 1, 7), DataCase(2, 3, 4), DataCase(6, 1, 3)]
 
 def _stand_in_model(vocab: int, d_model: int, seed: int) -> nn.Module:
     """A float64 stand-in model with random weights (its weights are what crosses to the learner's side)."""
-    return stand_ins.stand_in_model(randomise(stand_ins.StandInModel(vocab, d_model).double(), Inputs(seed)).state_dict())
+    return stand_in_models.stand_in_model(randomise(stand_in_models.StandInModel(vocab, d_model).double(), SeededRandom(seed)).state_dict())
 
 
 def _loss_case(case: DataCase, hidden: bool, i: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """The ``i``-th case's stand-in model and its batch of reversals src (B, S), tgt (B, T), by the one seed rule."""
     name = "teacher_forcing_loss"
-    src, tgt = reversal_batch(Inputs(seed_for(name, hidden, i)).generator, case.batch, case.min_len, case.max_len)
+    src, tgt = reversal_batch(SeededRandom(seed_for(name, hidden, i)).generator, case.batch, case.min_len, case.max_len)
     return _stand_in_model(13, 16, seed_for(name, hidden, i, "weights")), src, tgt
 
 
@@ -924,9 +924,9 @@ def decoding_model(case: DecodeCase) -> nn.Module:
 
 def decode_inputs(case: DecodeCase):
     """Source token ids (B, S) and their padding mask (B, S)."""
-    draw = Inputs(case.seed)
-    src = torch.randint(3, 13, (case.batch, case.src_len), generator=draw.generator)
-    return src, padding_mask(_lengths(draw, case.batch, case.src_len), case.src_len)
+    rng = SeededRandom(case.seed)
+    src = torch.randint(3, 13, (case.batch, case.src_len), generator=rng.generator)
+    return src, padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
 
 
 def _greedy(*changes: tuple[str, str]):
@@ -999,8 +999,8 @@ def _expect_decoded(name, out, expected, case: DecodeCase, device, reference, sr
     def fail_naming_the_mistake(problem: str, hint: str | None = None) -> None:
         """Fail naming the mistake whose tokens are ``out``'s (a shorter result padded with eos_id first),
         else with the check's own message about the tokens."""
-        made = candidates(GREEDY_MISTAKES, reference, src64, case.max_len, case.bos, case.eos, mask64)
-        mistake = matching_mistake(out, made, exact=True,
+        mistaken = candidates(GREEDY_MISTAKES, reference, src64, case.max_len, case.bos, case.eos, mask64)
+        mistake = matching_mistake(out, mistaken, exact=True,
                                    align=lambda got, result: (got, _eos_padded(result, got, case.eos)))
         fail(name, *((mistake.problem, mistake.hint) if mistake is not None else (problem, hint)))
 

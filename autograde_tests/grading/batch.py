@@ -181,7 +181,7 @@ def grade_class(settings: Settings) -> list[Outcome]:
                     for future, result in cluster.finished(client, running, settings.worker_patience,
                                                               lambda future: submit(running[future])):
                         pair, _, outcome, carried = running.pop(future)
-                        outcomes.append(_merge(course, pair, outcome, result, carried))
+                        outcomes.append(_record_result(course, pair, outcome, result, carried))
                         future.release()  # the worker drops the result once merged, whoever still refers to it
                         state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
                         _save_state(work, state)
@@ -298,7 +298,7 @@ def released(course: Path, chapter: str) -> Path:
     return course / release / chapter / f"{chapter}.ipynb"
 
 
-def _merge(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:
+def _record_result(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:
     """Complete ``outcome`` with ``result``; a graded pair's files (and ``carried``) and grades go into the course."""
     outcome.status, outcome.reason = result["status"], result.get("reason", "")
     outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")

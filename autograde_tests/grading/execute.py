@@ -251,10 +251,10 @@ class GraderExecute(Execute):
         self.judging.join()
         from ..remote.proxy import Session
         from . import judge
-        from .reach import Reach
+        from .static_names import StaticNames
 
         before = [c.source for c in self.nb.cells[:index] if c.cell_type == "code" and not is_test_cell(c)]
-        session = Session(lambda request: self._ask(request, index), static_names=Reach(before))
+        session = Session(lambda request: self._ask(request, index), static_names=StaticNames(before))
         self.budget, self.answer = self.timeout, session.lender.answer
         try:
             cell.outputs = judge.judge(cell.source, session)
@@ -395,5 +395,5 @@ def _text(value) -> str:
 
 def _load_judging() -> None:
     """Import what judging needs (torch, the checks, the proxies), so the first test cell finds it loaded."""
-    for module in ("judge", "reach"):
+    for module in ("judge", "static_names"):
         importlib.import_module(f"{__package__}.{module}")

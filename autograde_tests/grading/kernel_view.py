@@ -5,7 +5,7 @@ themselves run in the grader. In there it needs only
 
 - the agent, its wire and the stubs of what the grader lends (``remote.agent``, ``remote.wire``,
   ``remote.lent``), which the kernel preloads as it starts;
-- what the checks run next to the learner's code (``checks.beside``, ``checks.stand_ins``: PyTorch alone,
+- what the checks run next to the learner's code (``checks.in_kernel``, ``checks.stand_in_models``: PyTorch alone,
   and no answer to an exercise);
 - the earlier chapters' reference, which the chapter's notebook imports as its building blocks;
 - the packages above these, ``lazy``, by which their names are imported from a chapter's module on first
@@ -32,7 +32,7 @@ KERNEL_NEEDS = frozenset({
     "autograde_tests", "autograde_tests.lazy", "autograde_tests.chapters",
     "autograde_tests.remote", "autograde_tests.remote.agent", "autograde_tests.remote.lent",
     "autograde_tests.remote.wire",
-    "autograde_tests.checks", "autograde_tests.checks.beside", "autograde_tests.checks.stand_ins",
+    "autograde_tests.checks", "autograde_tests.checks.in_kernel", "autograde_tests.checks.stand_in_models",
     "autograde_tests.reference",
 })
 

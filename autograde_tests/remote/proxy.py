@@ -83,7 +83,7 @@ def static_names(x) -> set[str]:
     return set()
 
 
-def make_beside(learner, factory: Callable, *args, **kwargs):
+def make_in_kernel(learner, factory: Callable, *args, **kwargs):
     """``factory(*args)``, made where ``learner`` lives: a handle in the kernel for a ``Remote``.
 
     For what a check hands to the learner's code and then inspects (a sublayer that counts its calls,
@@ -103,7 +103,7 @@ def lend(learner, obj, *methods: str):
     return obj
 
 
-def run_beside(function: Callable, learner, *args, **kwargs):
+def run_in_kernel(function: Callable, learner, *args, **kwargs):
     """``function(learner, ...)``, run where ``learner`` lives: in the kernel for a ``Remote``.
 
     For the steps that must touch the learner's objects many times or in ways a proxy cannot

@@ -5,13 +5,13 @@ constants, and a module's attribute even where the learner has a method of the s
 import pytest
 
 from autograde_tests.checks.how import named_like
-from autograde_tests.grading.reach import Reach
+from autograde_tests.grading.static_names import StaticNames
 
 IMPORTS = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn"
 
 
 def softmax_reached(*cells: str) -> list[str]:
-    return named_like("softmax", Reach([IMPORTS, *cells])("softmax"))
+    return named_like("softmax", StaticNames([IMPORTS, *cells])("softmax"))
 
 
 @pytest.mark.parametrize(

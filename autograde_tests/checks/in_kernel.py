@@ -1,7 +1,7 @@
 """What the checks run next to the learner's objects: probes, and what the kernel builds for the learner's code.
 
 In JupyterLab this runs in the learner's kernel like the rest of a check. In a graded run it runs in
-the sandboxed kernel (``remote.proxy.run_beside`` and ``make_beside``), which has the earlier
+the sandboxed kernel (``remote.proxy.run_in_kernel`` and ``make_in_kernel``), which has the earlier
 chapters' reference but not the graded one's; so this module imports PyTorch alone, and nothing
 handed to the learner's code is itself an answer to an exercise. Each function returns data, or an
 object the check then uses through its proxy.

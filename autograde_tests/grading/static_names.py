@@ -22,7 +22,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 BY_NAME = {"getattr", "__import__", "import_module", "attrgetter", "methodcaller", "__getattribute__"}
 
 
-class Reach:
+class StaticNames:
     """The top-level definitions of a notebook's learner cells, and what each one reaches."""
 
     def __init__(self, sources: Iterable[str]):

@@ -3,13 +3,13 @@ the source, and not where an honest learner only compares with it or names their
 
 import pytest
 
-from autograde_tests.grading.reach import Reach
+from autograde_tests.grading.static_names import StaticNames
 
 IMPORTS = "import math\nimport torch\nimport torch.nn.functional as F"
 
 
 def reaches(*cells: str, name: str = "softmax") -> set[str]:
-    return Reach([IMPORTS, *cells])(name)
+    return StaticNames([IMPORTS, *cells])(name)
 
 
 def softmax_reaches(found: set[str]) -> bool:
