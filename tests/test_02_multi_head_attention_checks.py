@@ -1,7 +1,8 @@
 """The chapter-2 checks pass every correct way of writing the code and name every known mistake.
 
 Each buggy variant is one entry of the design's mistake list for 02_multi_head_attention (or a near
-relative), written the way a learner would write it; each test asserts the message that names it.
+relative), written the way a learner would write it, mostly as one of this file's correct variants with one
+edit (``variant``); each test asserts the message that names it.
 """
 
 import math
@@ -15,6 +16,8 @@ from autograde_tests.checks import check_merge_heads, check_multi_head_attention
 from autograde_tests.checks.multi_head_attention import VISIBLE_MHA
 from autograde_tests.reference import MultiHeadAttention as ReferenceMHA
 from autograde_tests.reference import scaled_dot_product_attention
+
+from .variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
 
@@ -64,50 +67,29 @@ def test_merge_heads_check_passes_correct_variants(merge_heads, hidden, capsys):
 # --------------------------------------------------------------------------- split and merge: mistakes
 
 
-def split_without_transpose(x, n_heads):
-    B, T, d_model = x.shape
-    return x.view(B, n_heads, T, d_model // n_heads)
-
-
-def split_interleaved(x, n_heads):
-    B, T, d_model = x.shape
-    return x.view(B, T, d_model // n_heads, n_heads).permute(0, 3, 1, 2)
+# The module's tests below use these two too.
+split_without_transpose = variant(split_view_transpose, ("T, n_heads", "n_heads, T"), (".transpose(1, 2)", ""))
+merge_without_transpose = variant(merge_transpose_contiguous_view, (".transpose(1, 2)", ""))
 
 
 def split_with_full_size_heads(x, n_heads):
     return x.unsqueeze(1).expand(-1, n_heads, -1, -1)
 
 
-def split_in_float32(x, n_heads):
-    return split_view_transpose(x, n_heads).float()
-
-
-def merge_without_transpose(x):
-    B, h, T, d_k = x.shape
-    return x.reshape(B, T, h * d_k)
-
-
-def merge_view_after_transpose(x):
-    B, h, T, d_k = x.shape
-    return x.transpose(1, 2).view(B, T, h * d_k)
-
-
-def merge_interleaved(x):
-    B, h, T, d_k = x.shape
-    return x.permute(0, 2, 3, 1).reshape(B, T, h * d_k)
-
-
-def merge_returning_heads_as_list(x):
-    return list(x.unbind(dim=1))
-
-
 @pytest.mark.parametrize(
     "split_heads, message",
     [
         (split_without_transpose, r"heads mix positions: .* without the transpose"),
-        (split_interleaved, r"every h-th feature"),
+        (
+            variant(split_view_transpose, ("n_heads, d_model // n_heads).transpose(1, 2)",
+                                           "d_model // n_heads, n_heads).permute(0, 3, 1, 2)")),
+            r"every h-th feature",
+        ),
         (split_with_full_size_heads, r"each head has d_model = \d+ features instead of d_k = d_model / h"),
-        (split_in_float32, r"torch.float32 but the inputs are torch.float64"),
+        (
+            variant(split_view_transpose, (".transpose(1, 2)", ".transpose(1, 2).float()")),
+            r"torch.float32 but the inputs are torch.float64",
+        ),
     ],
 )
 def test_split_heads_check_names_the_mistake(split_heads, message):
@@ -121,9 +103,15 @@ def test_split_heads_check_names_the_mistake(split_heads, message):
     "merge_heads, message",
     [
         (merge_without_transpose, r"merging heads without transposing back"),
-        (merge_view_after_transpose, r"view size is not compatible(.|\n)*Hint: .*use .reshape"),
-        (merge_interleaved, r"interleaved feature by feature"),
-        (merge_returning_heads_as_list, r"should be a torch.Tensor, got list"),
+        (
+            variant(merge_transpose_contiguous_view, (".contiguous()", "")),
+            r"view size is not compatible(.|\n)*Hint: .*use .reshape",
+        ),
+        (variant(merge_permute_flatten, ("0, 2, 1, 3", "0, 2, 3, 1")), r"interleaved feature by feature"),
+        (
+            variant(merge_by_concatenation, ("torch.cat(x.unbind(dim=1), dim=-1)", "list(x.unbind(dim=1))")),
+            r"should be a torch.Tensor, got list",
+        ),
     ],
 )
 def test_merge_heads_check_names_the_mistake(merge_heads, message):
@@ -249,19 +237,10 @@ def test_mha_visible_check_covers_the_issues_shapes():
 # ----------------------------------------------------------------------------- the module: mistakes
 
 
-class ScaledByDModel(TextbookMHA):
-    def scale(self):
-        return math.sqrt(self.n_heads * self.d_k)
-
-
-class SplitWithoutTranspose(TextbookMHA):
-    def split(self, t):
-        return split_without_transpose(t, self.n_heads)
-
-
-class MergeWithoutTranspose(TextbookMHA):
-    def merge(self, t):
-        return merge_without_transpose(t)
+# The never-prints-a-pass test uses it too.
+MergeWithoutTranspose = variant(
+    TextbookMHA, ("merge_transpose_contiguous_view", "merge_without_transpose"), method="merge"
+)
 
 
 class KeysReshapedWithQueryLength(TextbookMHA):
@@ -316,22 +295,6 @@ class BiasIgnored(TextbookMHA):
         super().__init__(d_model, n_heads, bias=False)
 
 
-class MaskIgnored(TextbookMHA):
-    def forward(self, x, y=None, mask=None):
-        return super().forward(x, y)
-
-
-class AveragedWeights(TextbookMHA):
-    def forward(self, x, y=None, mask=None):
-        output, weights = super().forward(x, y, mask)
-        return output, weights.mean(dim=1)
-
-
-class AlwaysSelfAttention(TextbookMHA):
-    def forward(self, x, y=None, mask=None):
-        return super().forward(x, x, mask)
-
-
 class DefaultBiasTrue(TextbookMHA):
     def __init__(self, d_model, n_heads, bias=True):
         super().__init__(d_model, n_heads, bias)
@@ -340,8 +303,14 @@ class DefaultBiasTrue(TextbookMHA):
 @pytest.mark.parametrize(
     "module, message",
     [
-        (ScaledByDModel, r"scaled by sqrt\(d_model\) instead of sqrt\(d_k\)"),
-        (SplitWithoutTranspose, r"heads mix positions: .*without the transpose"),
+        (
+            variant(TextbookMHA, ("sqrt(self.d_k)", "sqrt(self.n_heads * self.d_k)"), method="scale"),
+            r"scaled by sqrt\(d_model\) instead of sqrt\(d_k\)",
+        ),
+        (
+            variant(TextbookMHA, ("split_view_transpose", "split_without_transpose"), method="split"),
+            r"heads mix positions: .*without the transpose",
+        ),
         (MergeWithoutTranspose, r"merging heads without transposing back"),
         (KeysReshapedWithQueryLength, r"works when m == n but fails .*reshaped with the query length"),
         (SplitBeforeProjection, r"split into heads before the projection"),
@@ -350,12 +319,14 @@ class DefaultBiasTrue(TextbookMHA):
         (BiasOnWhenFalse, r"bias on when bias=False"),
         (DefaultBiasTrue, r"bias on when bias=False"),
         (BiasIgnored, r"ignores bias=True"),
-        (MaskIgnored, r"the mask is ignored"),
-        (AveragedWeights, r"the heads' weights were averaged"),
-        (AlwaysSelfAttention, r"the keys came from x instead of y"),
+        (variant(TextbookMHA, ('scores.masked_fill(~mask, float("-inf"))', "scores")), r"the mask is ignored"),
+        (variant(TextbookMHA, ("), weights", "), weights.mean(dim=1)")), r"the heads' weights were averaged"),
+        (
+            variant(TextbookMHA, ("self.w_k(y)", "self.w_k(x)"), ("self.w_v(y)", "self.w_v(x)")),
+            r"the keys came from x instead of y",
+        ),
     ],
 )
-
 def test_mha_check_names_the_mistake(module, message):
     with pytest.raises(AssertionError, match=message):
         check_multi_head_attention(module)
@@ -372,10 +343,9 @@ def test_mha_check_never_prints_a_pass_for_wrong_code(capsys):
 def test_hidden_mha_check_fails_an_answer_fitted_to_the_visible_example():
     visible_shapes = {(case.batch, case.m, case.d_model) for case in VISIBLE_MHA}
 
-    class Fitted(TextbookMHA):
-        def forward(self, x, y=None, mask=None):
-            output, weights = super().forward(x, y, mask)
-            return (output, weights) if tuple(x.shape) in visible_shapes else (output * 0, weights)
+    # Right on the shapes of the visible examples, zeros on any other.
+    Fitted = variant(TextbookMHA, ("), weights", ") * (tuple(x.shape) in visible_shapes), weights"),
+                     visible_shapes=visible_shapes)
 
     check_multi_head_attention(Fitted)
     with pytest.raises(AssertionError):
@@ -383,11 +353,7 @@ def test_hidden_mha_check_fails_an_answer_fitted_to_the_visible_example():
 
 
 def test_unrecognised_wrong_mha_shows_the_largest_error_and_where():
-    class OffByABit(TextbookMHA):
-        def forward(self, x, y=None, mask=None):
-            output, weights = super().forward(x, y, mask)
-            return output + 0.01, weights
-
+    OffByABit = variant(TextbookMHA, ("), weights", ") + 0.01, weights"))
     with pytest.raises(AssertionError, match=r"the output and the reference differ:\n  largest error 0.01 at index \("):
         check_multi_head_attention(OffByABit)
 

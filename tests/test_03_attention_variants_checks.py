@@ -1,7 +1,8 @@
 """The chapter-3 checks pass every correct way of writing the code and name every known mistake.
 
 Each buggy variant is one entry of the design's mistake list for 03_attention_variants (or a near
-relative), written the way a learner would write it; each test asserts the message that names it.
+relative), written the way a learner would write it, mostly as one of this file's correct variants with one
+edit (``variant``); each test asserts the message that names it.
 The learner's modules use the reference MultiHeadAttention, as the chapter-3 notebook does.
 """
 
@@ -26,6 +27,8 @@ from autograde_tests.reference import (
     causal_mask,
     padding_mask,
 )
+
+from .variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
 
@@ -56,24 +59,15 @@ def test_causal_mask_check_passes_correct_variants(fn, hidden, capsys):
     assert "✔ causal_mask" in capsys.readouterr().out
 
 
-def causal_without_diagonal(size, device=None):
-    return torch.ones(size, size, dtype=torch.bool, device=device).tril(diagonal=-1)
-
-
-def causal_transposed(size, device=None):
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu()
-
-
-def causal_blocked_is_true(size, device=None):
-    return torch.ones(size, size, dtype=torch.bool, device=device).triu(diagonal=1)
+# CausalSelfAttention's tests use these three too.
+causal_without_diagonal = variant(causal_tril, ("tril()", "tril(diagonal=-1)"))
+causal_transposed = variant(causal_tril, ("tril()", "triu()"))
+causal_blocked_is_true = variant(causal_tril, ("tril()", "triu(diagonal=1)"))
+causal_on_the_cpu = variant(causal_tril, (", device=device", ""))  # the how-rules tests use it too
 
 
 def causal_additive(size, device=None):
     return torch.full((size, size), float("-inf"), device=device).triu(diagonal=1)
-
-
-def causal_on_the_cpu(size, device=None):
-    return torch.ones(size, size, dtype=torch.bool).tril()  # forgot device=device
 
 
 @pytest.mark.parametrize(
@@ -123,41 +117,15 @@ def test_padding_mask_check_passes_correct_variants(fn, hidden, capsys):
     assert "✔ padding_mask" in capsys.readouterr().out
 
 
-def padding_true_for_padding(lengths, max_len=None):
-    return ~padding_by_comparison(lengths, max_len)
-
-
-def padding_off_by_one(lengths, max_len=None):
-    max_len = int(lengths.max()) if max_len is None else max_len
-    return torch.arange(max_len, device=lengths.device) <= lengths[:, None]
-
-
-def padding_ignoring_max_len(lengths, max_len=None):
-    return padding_by_comparison(lengths)
-
-
-def padding_positions_on_the_cpu(lengths, max_len=None):
-    max_len = int(lengths.max()) if max_len is None else max_len
-    return torch.arange(max_len) < lengths[:, None]  # forgot device=lengths.device
-
-
-def padding_transposed(lengths, max_len=None):
-    return padding_by_comparison(lengths, max_len).T
-
-
-def padding_as_floats(lengths, max_len=None):
-    return padding_by_comparison(lengths, max_len).float()
-
-
 @pytest.mark.parametrize(
     "fn, message",
     [
-        (padding_true_for_padding, r"mask polarity inverted: your mask is True on the padding"),
-        (padding_off_by_one, r"off by one"),
-        (padding_ignoring_max_len, r"ignores max_len"),
-        (padding_positions_on_the_cpu, r"fixed device"),
-        (padding_transposed, r"the mask is transposed"),
-        (padding_as_floats, r"returns a float32 mask"),
+        (variant(padding_by_comparison, (" < ", " >= ")), r"mask polarity inverted: your mask is True on the padding"),
+        (variant(padding_by_comparison, (" < ", " <= ")), r"off by one"),
+        (variant(padding_by_comparison, (" if max_len is None else max_len", "")), r"ignores max_len"),
+        (variant(padding_by_comparison, (", device=lengths.device", "")), r"fixed device"),
+        (variant(padding_by_comparison, (") < lengths[:, None]", ")[:, None] < lengths")), r"the mask is transposed"),
+        (variant(padding_by_loop, ("dtype=torch.bool, ", "")), r"returns a float32 mask"),
     ],
 )
 def test_padding_mask_check_names_the_mistake(fn, message):
@@ -260,7 +228,6 @@ def test_self_attention_check_passes_correct_variants(module, hidden, capsys):
 @pytest.mark.parametrize(
     "module", [CausalWithReferenceMask, CausalLogicalAnd, CausalHideByIndexing, CausalSelfAttention]
 )
-
 @pytest.mark.parametrize("hidden", [False, True])
 def test_causal_self_attention_check_passes_correct_variants(module, hidden, capsys):
     check_causal_self_attention(module, hidden=hidden)
@@ -275,16 +242,6 @@ def test_cross_attention_check_passes_correct_variants(module, hidden, capsys):
 
 
 # ------------------------------------------------------------------- self-attention: mistakes
-
-
-def self_attention_with(make_mask):
-    """A SelfAttention whose mask is ``make_mask(x, padding_mask)``, as a learner might build it."""
-
-    class Buggy(SelfAttentionKeyMask):
-        def forward(self, x, padding_mask=None):
-            return self.attn(x, x, make_mask(x, padding_mask))[0]
-
-    return Buggy
 
 
 def _keys(pm):
@@ -320,24 +277,19 @@ class SelfAttentionWithoutAttn(nn.Module):
         return self.mha(x, x, _keys(padding_mask))[0]
 
 
-class SelfAttentionReturningWeights(SelfAttentionKeyMask):
-    def forward(self, x, padding_mask=None):
-        return self.attn(x, x, _keys(padding_mask))
-
-
 SELF_MISTAKES = [
-    (self_attention_with(lambda x, pm: None if pm is None else pm[:, None, :, None]), r"on the query axis"),
-    (self_attention_with(lambda x, pm: pm), r"not broadcast over heads and query positions"),
-    (self_attention_with(lambda x, pm: None), r"the padding mask is ignored"),
-    (self_attention_with(lambda x, pm: None if pm is None else ~pm[:, None, None, :]), r"mask polarity inverted"),
+    (variant(SelfAttentionKeyMask, ("[:, None, None, :]", "[:, None, :, None]")), r"on the query axis"),
     (
-        self_attention_with(lambda x, pm: causal_mask(x.size(1), x.device) & (True if pm is None else _keys(pm))),
-        r"SelfAttention hides the future",
+        variant(SelfAttentionKeyMask, ("padding_mask[:, None, None, :]", "padding_mask")),
+        r"not broadcast over heads and query positions",
     ),
+    (variant(SelfAttentionKeyMask, ("self.attn(x, x, mask)", "self.attn(x, x)")), r"the padding mask is ignored"),
+    (variant(SelfAttentionKeyMask, ("else padding_mask", "else ~padding_mask")), r"mask polarity inverted"),
+    (CausalWithReferenceMask, r"SelfAttention hides the future"),  # a correct CausalSelfAttention
     (SelfAttentionOwnSoftmax, r"NaN for a fully padded sequence"),
     (SelfAttentionWithOwnParameters, r"has parameters the reference does not: scale"),
     (SelfAttentionWithoutAttn, r"has no attribute `attn`"),
-    (SelfAttentionReturningWeights, r"should be a torch.Tensor, got tuple"),
+    (variant(SelfAttentionKeyMask, ("output, _ =", "output =")), r"should be a torch.Tensor, got tuple"),
 ]
 
 
@@ -352,37 +304,25 @@ def test_self_attention_check_names_the_mistake(module, message):
 # ------------------------------------------------------------ causal self-attention: mistakes
 
 
-def causal_attention_with(make_mask):
-    class Buggy(SelfAttentionKeyMask):
-        def forward(self, x, padding_mask=None):
-            return self.attn(x, x, make_mask(x.size(1), x.device, padding_mask))[0]
-
-    return Buggy
-
-
-def _and_keys(mask, pm):
-    return mask if pm is None else mask & pm[:, None, None, :]
-
-
 CAUSAL_MISTAKES = [
-    (causal_attention_with(lambda T, d, pm: _and_keys(causal_without_diagonal(T, d), pm)), r"excludes the diagonal"),
-    (causal_attention_with(lambda T, d, pm: _and_keys(causal_transposed(T, d), pm)), r"causal mask is transposed"),
-    (causal_attention_with(lambda T, d, pm: _and_keys(causal_blocked_is_true(T, d), pm)), r"polarity inverted"),
-    (causal_attention_with(lambda T, d, pm: _keys(pm)), r"the future is visible"),
-    (causal_attention_with(lambda T, d, pm: causal_mask(T, d)), r"the padding mask is ignored"),
+    (variant(CausalWithReferenceMask, ("causal_mask(", "causal_without_diagonal(")), r"excludes the diagonal"),
+    (variant(CausalWithReferenceMask, ("causal_mask(", "causal_transposed(")), r"causal mask is transposed"),
+    (variant(CausalWithReferenceMask, ("causal_mask(", "causal_blocked_is_true(")), r"polarity inverted"),
+    (SelfAttentionKeyMask, r"the future is visible"),  # a correct SelfAttention, which has no causal mask
     (
-        causal_attention_with(lambda T, d, pm: causal_mask(T, d) | (False if pm is None else pm[:, None, None, :])),
+        variant(CausalWithReferenceMask, ("mask & padding_mask[:, None, None, :]", "mask")),
+        r"the padding mask is ignored",
+    ),
+    (
+        variant(CausalWithReferenceMask, ("mask & padding_mask", "mask | padding_mask")),
         r"combined with \| \(or\) instead of & \(and\)",
     ),
+    (variant(CausalWithReferenceMask, ("[:, None, None, :]", "[:, None, :, None]")), r"on the query axis"),
     (
-        causal_attention_with(lambda T, d, pm: causal_mask(T, d) & (True if pm is None else pm[:, None, :, None])),
-        r"on the query axis",
-    ),
-    (
-        causal_attention_with(lambda T, d, pm: causal_mask(T, d) & (True if pm is None else pm)),
+        variant(CausalWithReferenceMask, ("padding_mask[:, None, None, :]", "padding_mask")),
         r"not broadcast over heads and query positions",
     ),
-    (causal_attention_with(lambda T, d, pm: _and_keys(causal_mask(T), pm)), r"fixed device"),
+    (variant(CausalWithReferenceMask, (", device=x.device", "")), r"fixed device"),
 ]
 
 
@@ -397,27 +337,25 @@ def test_causal_self_attention_check_names_the_mistake(module, message):
 # ------------------------------------------------------------------ cross-attention: mistakes
 
 
-def cross_attention_with(attend):
-    class Buggy(CrossKeyMask):
-        def forward(self, x, memory, memory_padding_mask=None):
-            return attend(self.attn, x, memory, memory_padding_mask)
-
-    return Buggy
-
-
 CROSS_MISTAKES = [
-    (cross_attention_with(lambda attn, x, mem, pm: attn(mem, x, _keys(pm))[0]), r"roles swapped"),
-    (cross_attention_with(lambda attn, x, mem, pm: attn(x, mem)[0]), r"without the source padding mask"),
-    (cross_attention_with(lambda attn, x, mem, pm: attn(x, mem, pm)[0]), r"not broadcast over heads"),
+    (variant(CrossKeyMask, ("self.attn(x, memory, mask)", "self.attn(memory, x, mask)")), r"roles swapped"),
     (
-        cross_attention_with(lambda attn, x, mem, pm: attn(x, mem, None if pm is None else pm[:, None, :, None])[0]),
+        variant(CrossKeyMask, ("self.attn(x, memory, mask)", "self.attn(x, memory)")),
+        r"without the source padding mask",
+    ),
+    (
+        variant(CrossKeyMask, ("memory_padding_mask[:, None, None, :]", "memory_padding_mask")),
+        r"not broadcast over heads",
+    ),
+    (
+        variant(CrossKeyMask, ("[:, None, None, :]", "[:, None, :, None]")),
         r"or it is applied on the query axis",
     ),
     (
-        cross_attention_with(lambda attn, x, mem, pm: attn(x, mem, None if pm is None else ~_keys(pm))[0]),
+        variant(CrossKeyMask, ("else memory_padding_mask", "else ~memory_padding_mask")),
         r"mask polarity inverted",
     ),
-    (cross_attention_with(lambda attn, x, mem, pm: attn(x)[0]), r"the memory is ignored"),
+    (variant(CrossKeyMask, ("self.attn(x, memory, mask)", "self.attn(x)")), r"the memory is ignored"),
 ]
 
 
@@ -444,11 +382,8 @@ def test_variant_checks_never_print_a_pass_for_wrong_code(capsys):
 
 
 def test_an_unlisted_peek_at_the_future_fails_on_the_causal_property():
-    class PeeksOneAhead(SelfAttentionKeyMask):
-        def forward(self, x, padding_mask=None):
-            T = x.size(1)
-            one_ahead = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(diagonal=1)
-            return self.attn(x, x, _and_keys(one_ahead, padding_mask))[0]
+    one_ahead = variant(causal_tril, ("tril()", "tril(diagonal=1)"))
+    PeeksOneAhead = variant(CausalWithReferenceMask, ("causal_mask(", "one_ahead("), one_ahead=one_ahead)
 
     with pytest.raises(AssertionError, match=r"changed the outputs at positions 0 \.\. \d+: the future is visible"):
         check_causal_self_attention(PeeksOneAhead)
@@ -467,18 +402,14 @@ def test_an_unlisted_leak_from_padding_fails_on_the_padding_property():
 
 
 def test_an_unlisted_order_dependence_fails_on_the_permutation_property():
-    class FavoursTheFirstPosition(SelfAttentionKeyMask):
-        def forward(self, x, padding_mask=None):
-            return self.attn(x, x, _keys(padding_mask))[0] + x[:, :1]
+    FavoursTheFirstPosition = variant(SelfAttentionKeyMask, ("return output", "return output + x[:, :1]"))
 
     with pytest.raises(AssertionError, match=r"must be permutation-equivariant"):
         check_self_attention(FavoursTheFirstPosition)
 
 
 def test_an_unlisted_order_dependence_in_the_memory_fails_on_the_memory_order_property():
-    class UsesTheFirstMemoryToken(CrossKeyMask):
-        def forward(self, x, memory, memory_padding_mask=None):
-            return self.attn(x, memory, _keys(memory_padding_mask))[0] + memory[:, :1]
+    UsesTheFirstMemoryToken = variant(CrossKeyMask, ("[0]", "[0] + memory[:, :1]"))
 
     with pytest.raises(AssertionError, match=r"reordering the memory .* changed the output"):
         check_cross_attention(UsesTheFirstMemoryToken)

@@ -20,6 +20,7 @@ from autograde_tests.reference import LayerNorm as ReferenceLayerNorm
 from autograde_tests.reference import PositionwiseFeedForward as ReferenceFFN
 from autograde_tests.reference import SublayerConnection as ReferenceSublayerConnection
 from autograde_tests.reference import ffn_as_conv1d as reference_ffn_as_conv1d
+from tests.variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
 
@@ -80,18 +81,6 @@ def test_ffn_check_passes_correct_variants(ffn, hidden, capsys):
 # =============================================================== PositionwiseFeedForward: mistakes
 
 
-class FFNOverTheSequence(FFNWithModules):
-    """A Linear over the sequence axis: runs only when T == d_model, and mixes positions."""
-
-    def forward(self, x):
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)
-
-
-class FFNWithContext(FFNWithModules):
-    def forward(self, x):
-        return super().forward(x + x.mean(dim=1, keepdim=True))
-
-
 class FFNAsWideConvolution(nn.Module):
     def __init__(self, d_model, d_ff, dropout=0.0):
         super().__init__()
@@ -100,27 +89,6 @@ class FFNAsWideConvolution(nn.Module):
 
     def forward(self, x):
         return self.conv2(torch.relu(self.conv1(x.transpose(1, 2)))).transpose(1, 2)
-
-
-class FFNWithPositionBias(FFNWithModules):
-    def forward(self, x):
-        position = torch.arange(x.size(1), dtype=x.dtype, device=x.device)[:, None]  # (T, 1)
-        return super().forward(x) + 0.1 * position
-
-
-class FFNWithoutReLU(FFNWithModules):
-    def forward(self, x):
-        return self.linear2(self.linear1(x))
-
-
-class FFNWithTwoReLUs(FFNWithModules):
-    def forward(self, x):
-        return torch.relu(super().forward(x))
-
-
-class FFNWithGELU(FFNWithModules):
-    def forward(self, x):
-        return self.linear2(F.gelu(self.linear1(x)))
 
 
 class FFNAsSequential(nn.Module):
@@ -148,29 +116,39 @@ class FFNWithLayersSwapped(FFNWithModules):
         return self.linear1(torch.relu(self.linear2(x)))
 
 
-class FFNWithDropoutAlwaysOn(FFNWithModules):
-    def __init__(self, d_model, d_ff, dropout=0.0):
-        super().__init__(d_model, d_ff, dropout)
-        self.p = dropout
-
-    def forward(self, x):
-        return self.linear2(F.dropout(torch.relu(self.linear1(x)), self.p))  # training=True by default
-
-
 @pytest.mark.parametrize(
     "ffn, message",
     [
-        (FFNOverTheSequence, r"your FFN mixes positions"),
-        (FFNWithContext, r"your FFN mixes positions: changing the input at position 0"),
+        (  # a Linear over the sequence axis: runs only when T == d_model
+            variant(FFNWithModules, ("self.linear1(x))))", "self.linear1(x.transpose(1, 2))))).transpose(1, 2)")),
+            r"your FFN mixes positions",
+        ),
+        (
+            variant(FFNWithModules, ("self.linear1(x)", "self.linear1(x + x.mean(dim=1, keepdim=True))")),
+            r"your FFN mixes positions: changing the input at position 0",
+        ),
         (FFNAsWideConvolution, r"your FFN mixes positions"),
-        (FFNWithPositionBias, r"permuting the positions .* not the same function at every position"),
-        (FFNWithoutReLU, r"there is no ReLU between linear1 and linear2"),
-        (FFNWithTwoReLUs, r"a ReLU is also applied after linear2"),
-        (FFNWithGELU, r"the activation is GELU"),
+        (
+            variant(FFNWithModules, ("return ", "return 0.1 * torch.arange(x.size(1)).to(x)[:, None] + ")),
+            r"permuting the positions .* not the same function at every position",
+        ),
+        (
+            variant(FFNWithModules, ("self.activation(self.linear1(x))", "self.linear1(x)")),
+            r"there is no ReLU between linear1 and linear2",
+        ),
+        (
+            variant(FFNWithModules, ("self.linear1(x))))", "self.linear1(x)))).relu()")),
+            r"a ReLU is also applied after linear2",
+        ),
+        (variant(FFNWithModules, ("self.activation", "F.gelu")), r"the activation is GELU"),
         (FFNAsSequential, r"has no parameter linear1.bias, linear1.weight"),
         (FFNWithoutBias, r"has no parameter linear1.bias, linear2.bias"),
         (FFNWithLayersSwapped, r"parameter linear1.weight has shape"),
-        (FFNWithDropoutAlwaysOn, r"eval mode: its dropout is still active"),
+        (  # F.dropout's training is True unless told
+            variant(FFNWithModules, ("self.dropout(self.activation(self.linear1(x)))",
+                                     "F.dropout(self.activation(self.linear1(x)), self.dropout.p)")),
+            r"eval mode: its dropout is still active",
+        ),
     ],
 )
 def test_ffn_check_names_the_mistake(ffn, message):
@@ -245,32 +223,11 @@ def test_conv_check_passes_correct_variants(ffn_as_conv1d, hidden, capsys):
 # ======================================================================== ffn_as_conv1d: mistakes
 
 
-class ConvWithoutTranspose(PermutedConvFFN):
-    def forward(self, x):
-        return self.second(F.relu(self.first(x)))
-
-
-class ConvNotTransposedBack(PermutedConvFFN):
-    def forward(self, x):
-        return self.second(F.relu(self.first(x.transpose(1, 2))))
-
-
-class ConvWithoutReLU(PermutedConvFFN):
-    def forward(self, x):
-        return self.second(self.first(x.transpose(1, 2))).transpose(1, 2)
-
-
 class ConvWithoutBiases(PermutedConvFFN):
     def __init__(self, ffn):
         super().__init__(ffn)
         self.first.bias.data = torch.zeros_like(self.first.bias)
         self.second.bias.data = torch.zeros_like(self.second.bias)
-
-
-def conv_with_fresh_weights(ffn):
-    conv = reference_ffn_as_conv1d(ffn)
-    conv.conv1.reset_parameters()
-    return conv
 
 
 def conv_with_wide_kernels(ffn):
@@ -312,11 +269,17 @@ def conv_returning_a_function(ffn):
 @pytest.mark.parametrize(
     "ffn_as_conv1d, message",
     [
-        (ConvWithoutTranspose, r"slides over the features instead of the positions"),
-        (ConvNotTransposedBack, r"output was not transposed back"),
-        (ConvWithoutReLU, r"no ReLU between the two convolutions"),
+        (
+            variant(PermutedConvFFN, ("x.permute(0, 2, 1)", "x"), (").permute(0, 2, 1)", ")")),
+            r"slides over the features instead of the positions",
+        ),
+        (variant(PermutedConvFFN, (").permute(0, 2, 1)", ")")), r"output was not transposed back"),
+        (variant(PermutedConvFFN, ("F.relu", "")), r"no ReLU between the two convolutions"),
         (ConvWithoutBiases, r"bias of the convolution that replaces linear1 .*biases not copied"),
-        (conv_with_fresh_weights, r"weights of the convolution that replaces linear1 are not linear1's weights"),
+        (  # linear1's weight copied but never put in conv1, which keeps its initial weights
+            variant(conv1d_sequential, ("conv1.weight = ", "weight = ")),
+            r"weights of the convolution that replaces linear1 are not linear1's weights",
+        ),
         (conv_with_wide_kernels, r"kernel_size=3, which mixes neighbouring positions"),
         (conv_returning_the_ffn, r"has no nn.Conv1d layer"),
         (ConvByFunctional, r"is never called"),
@@ -382,26 +345,7 @@ def test_layer_norm_check_passes_correct_variants(layer_norm, hidden, capsys):
 # ============================================================================ LayerNorm: mistakes
 
 
-class LayerNormUnbiased(LayerNormWithVar):
-    def forward(self, x):
-        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + self.eps) * self.weight + self.bias
-
-
-class LayerNormWithStd(LayerNormWithVar):
-    def forward(self, x):
-        return self.weight * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + self.eps) + self.bias
-
-
-class LayerNormEpsOutside(LayerNormWithVar):
-    def forward(self, x):
-        std = x.var(-1, keepdim=True, unbiased=False).sqrt()
-        return self.weight * (x - x.mean(-1, keepdim=True)) / (std + self.eps) + self.bias
-
-
-class LayerNormWithoutEps(LayerNormWithVar):
-    def forward(self, x):
-        std = x.var(-1, keepdim=True, unbiased=False).sqrt()
-        return self.weight * (x - x.mean(-1, keepdim=True)) / std + self.bias
+LayerNormUnbiased = variant(LayerNormWithVar, (", correction=0", ""))
 
 
 class LayerNormIgnoringEps(LayerNormWithVar):
@@ -427,36 +371,6 @@ class LayerNormWithPlainTensors(LayerNormWithoutParameters):
         return F.layer_norm(x, x.shape[-1:], self.weight.to(x), self.bias.to(x), self.eps)
 
 
-class LayerNormNotApplyingParameters(LayerNormWithVar):
-    def forward(self, x):
-        return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + self.eps)
-
-
-class LayerNormOverTheBatch(LayerNormWithVar):
-    def forward(self, x):
-        mean, var = x.mean(0, keepdim=True), x.var(0, keepdim=True, unbiased=False)
-        return self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias
-
-
-class LayerNormLikeBatchNorm(LayerNormWithVar):
-    def forward(self, x):
-        dims = tuple(range(x.dim() - 1))  # per feature, over every position of every sequence
-        mean, var = x.mean(dims, keepdim=True), x.var(dims, keepdim=True, unbiased=False)
-        return self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias
-
-
-class LayerNormOverTwoAxes(LayerNormWithVar):
-    def forward(self, x):
-        mean, var = x.mean((-2, -1), keepdim=True), x.var((-2, -1), keepdim=True, unbiased=False)
-        return self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias
-
-
-class LayerNormDetachingTheMean(LayerNormWithVar):
-    def forward(self, x):
-        mean = x.mean(-1, keepdim=True).detach()
-        return self.weight * (x - mean) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + self.eps) + self.bias
-
-
 class LayerNormUsingWeightData(LayerNormWithVar):
     def forward(self, x):
         return super().forward(x) / self.weight * self.weight.data
@@ -468,12 +382,6 @@ class LayerNormUnderNoGrad(LayerNormWithVar):
             return super().forward(x)
 
 
-class LayerNormInPlace(LayerNormWithVar):
-    def forward(self, x):
-        x -= x.mean(-1, keepdim=True)
-        return self.weight * x / torch.sqrt((x**2).mean(-1, keepdim=True) + self.eps) + self.bias
-
-
 class LayerNormFixedDtype(LayerNormWithVar):
     def forward(self, x):
         return super().forward(x).float()
@@ -483,21 +391,48 @@ class LayerNormFixedDtype(LayerNormWithVar):
     "layer_norm, message",
     [
         (LayerNormUnbiased, r"unbiased variance"),
-        (LayerNormWithStd, r"^LayerNorm: two mistakes at once: your LayerNorm uses the unbiased variance \(dividing by "
-                           r"d_model - 1\) and adds eps outside the square root"),
-        (LayerNormEpsOutside, r"eps is added outside the square root"),
-        (LayerNormWithoutEps, r"eps is missing"),
+        (  # x.std(-1) + eps
+            variant(
+                LayerNormWithVar, (", correction=0", ""), ("torch.sqrt(var + self.eps)", "(torch.sqrt(var) + self.eps)")
+            ),
+            r"^LayerNorm: two mistakes at once: your LayerNorm uses the unbiased variance \(dividing by "
+            r"d_model - 1\) and adds eps outside the square root",
+        ),
+        (
+            variant(LayerNormWithVar, ("torch.sqrt(var + self.eps)", "(torch.sqrt(var) + self.eps)")),
+            r"eps is added outside the square root",
+        ),
+        (variant(LayerNormWithVar, ("var + self.eps", "var")), r"eps is missing"),
         (LayerNormIgnoringEps, r"ignores its eps argument"),
         (LayerNormWithoutParameters, r"no learnable weight and bias: `self.weight` is missing"),
         (LayerNormWithPlainTensors, r"no learnable weight and bias: `self.weight` is a Tensor, not an nn.Parameter"),
-        (LayerNormNotApplyingParameters, r"no learnable weight and bias: the output is not scaled"),
-        (LayerNormOverTheBatch, r"normalises over the batch axis \(BatchNorm\) instead of the feature axis"),
-        (LayerNormLikeBatchNorm, r"normalises over the batch axis \(BatchNorm\) instead of the feature axis"),
-        (LayerNormOverTwoAxes, r"normalises over the last two axes"),
-        (LayerNormDetachingTheMean, r"gradient with respect to `x` differs .* cut from the graph"),
+        (
+            variant(LayerNormWithVar, (" * self.weight + self.bias", "")),
+            r"no learnable weight and bias: the output is not scaled",
+        ),
+        (
+            variant(LayerNormWithVar, ("x.mean(-1,", "x.mean(0,"), ("x.var(-1,", "x.var(0,")),
+            r"normalises over the batch axis \(BatchNorm\) instead of the feature axis",
+        ),
+        (  # BatchNorm's statistics: per feature, over every position of every sequence
+            variant(
+                LayerNormWithVar,
+                ("x.mean(-1,", "x.mean(tuple(range(x.dim() - 1)),"),
+                ("x.var(-1,", "x.var(tuple(range(x.dim() - 1)),"),
+            ),
+            r"normalises over the batch axis \(BatchNorm\) instead of the feature axis",
+        ),
+        (
+            variant(LayerNormWithVar, ("x.mean(-1,", "x.mean((-2, -1),"), ("x.var(-1,", "x.var((-2, -1),")),
+            r"normalises over the last two axes",
+        ),
+        (
+            variant(LayerNormWithVar, ("x.mean(-1, keepdim=True)", "x.mean(-1, keepdim=True).detach()")),
+            r"gradient with respect to `x` differs .* cut from the graph",
+        ),
         (LayerNormUsingWeightData, r"gradient with respect to `weight` differs"),
         (LayerNormUnderNoGrad, r"not connected to the autograd graph"),
-        (LayerNormInPlace, r"modified its input `x` in place"),
+        (variant(LayerNormWithVar, ("(x - mean)", "x.sub_(mean)")), r"modified its input `x` in place"),
         (LayerNormFixedDtype, r"torch.float32 but the inputs are torch.float64"),
     ],
 )
@@ -518,12 +453,9 @@ def test_hidden_layer_norm_check_fails_an_answer_fitted_to_the_visible_example()
 
 
 def test_unrecognised_wrong_layer_norm_shows_the_largest_error_and_where(capsys):
-    class OffByABit(LayerNormWithVar):
-        def forward(self, x):
-            return super().forward(x) + 0.01
-
+    off_by_a_bit = variant(LayerNormWithVar, ("+ self.bias", "+ self.bias + 0.01"))
     with pytest.raises(AssertionError, match=r"the output and the reference differ:\n  largest error 0.01 at index \("):
-        check_layer_norm(OffByABit)
+        check_layer_norm(off_by_a_bit)
     assert "✔" not in capsys.readouterr().out
 
 
@@ -594,46 +526,16 @@ def test_sublayer_connection_check_passes_correct_variants(connection, hidden, c
 # =================================================================== SublayerConnection: mistakes
 
 
-class PreLNCarryingTheNormalisedX(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        if self.norm_first:
-            x = self.norm(x)
-            return x + self.dropout(sublayer(x))
-        return super().forward(x, sublayer)
+DropoutOnTheSum = variant(
+    SublayerConnectionWithTorchModules,
+    ("self.norm(x + F.dropout(sublayer(x),", "self.norm(F.dropout(x + sublayer(x),"),
+    ("return x + F.dropout(sublayer(self.norm(x)),", "return F.dropout(x + sublayer(self.norm(x)),"),
+)
 
 
 class PlacementsSwapped(ReferenceSublayerConnection):
     def __init__(self, d_model, dropout=0.0, norm_first=False):
         super().__init__(d_model, dropout, norm_first=not norm_first)
-
-
-class DropoutOnTheSum(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        if self.norm_first:
-            return self.dropout(x + sublayer(self.norm(x)))
-        return self.norm(self.dropout(x + sublayer(x)))
-
-
-class DropoutOnTheSumPostLNOnly(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        if self.norm_first:
-            return super().forward(x, sublayer)
-        return self.norm(self.dropout(x + sublayer(x)))
-
-
-class WithoutResidual(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        return self.dropout(sublayer(self.norm(x))) if self.norm_first else self.norm(self.dropout(sublayer(x)))
-
-
-class WithoutNorm(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        return x + self.dropout(sublayer(x))
-
-
-class NormOnTheSublayerOutput(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        return x + self.dropout(self.norm(sublayer(x)))
 
 
 class WithASecondNorm(ReferenceSublayerConnection):
@@ -662,56 +564,80 @@ class CallingTheSublayerTwice(ReferenceSublayerConnection):
         return super().forward(x, sublayer)
 
 
-class AddingInPlace(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        if self.norm_first:
-            x += self.dropout(sublayer(self.norm(x)))
-            return x
-        return super().forward(x, sublayer)
-
-
 class IgnoringDropout(ReferenceSublayerConnection):
     def __init__(self, d_model, dropout=0.0, norm_first=False):
         super().__init__(d_model, 0.0, norm_first)
 
 
-class DropoutAlwaysOn(ReferenceSublayerConnection):
-    def __init__(self, d_model, dropout=0.0, norm_first=False):
-        super().__init__(d_model, dropout, norm_first)
-        self.p = dropout
-
-    def forward(self, x, sublayer):
-        update = F.dropout(sublayer(self.norm(x) if self.norm_first else x), self.p)
-        return x + update if self.norm_first else self.norm(x + update)
-
-
-class DropoutTwice(ReferenceSublayerConnection):
-    def forward(self, x, sublayer):
-        if self.norm_first:
-            return x + self.dropout(self.dropout(sublayer(self.norm(x))))
-        return super().forward(x, sublayer)
-
-
 @pytest.mark.parametrize(
     "connection, message",
     [
-        (PreLNCarryingTheNormalisedX, r"Pre-LN written as `x = norm\(x\); x = x \+ f\(x\)`"),
+        (  # x = norm(x); return x + dropout(sublayer(x))
+            variant(SublayerConnectionWithTwoMethods, ("torch.add(x,", "torch.add(self.norm(x),"), method="pre_ln"),
+            r"Pre-LN written as `x = norm\(x\); x = x \+ f\(x\)`",
+        ),
         (PlacementsSwapped, r"Pre-LN and Post-LN swapped"),
         (DropoutOnTheSum, r"dropout applied to the residual sum instead of the sublayer output"),
-        (DropoutOnTheSumPostLNOnly, r"dropout applied to the residual sum .* should be exactly norm\(x\)"),
-        (WithoutResidual, r"the residual connection is missing"),
-        (WithoutNorm, r"self.norm is never applied"),
-        (NormOnTheSublayerOutput, r"LayerNorm is applied to the sublayer's output"),
+        (
+            variant(
+                SublayerConnectionWithTwoMethods,
+                ("torch.add(x, self.dropout(sublayer(x)))", "self.dropout(torch.add(x, sublayer(x)))"),
+                method="post_ln",
+            ),
+            r"dropout applied to the residual sum .* should be exactly norm\(x\)",
+        ),
+        (
+            variant(
+                SublayerConnectionWithTorchModules,
+                ("self.norm(x + F.dropout", "self.norm(F.dropout"),
+                ("return x + F.dropout", "return F.dropout"),
+            ),
+            r"the residual connection is missing",
+        ),
+        (
+            variant(
+                SublayerConnectionWithTorchModules,
+                ("self.norm(x + F.dropout(sublayer(x), self.p, self.training))",
+                 "x + F.dropout(sublayer(x), self.p, self.training)"),
+                ("sublayer(self.norm(x))", "sublayer(x)"),
+            ),
+            r"self.norm is never applied",
+        ),
+        (
+            variant(
+                SublayerConnectionWithTorchModules,
+                ("self.norm(x + F.dropout(sublayer(x), self.p, self.training))",
+                 "x + F.dropout(self.norm(sublayer(x)), self.p, self.training)"),
+                ("sublayer(self.norm(x))", "self.norm(sublayer(x))"),
+            ),
+            r"LayerNorm is applied to the sublayer's output",
+        ),
         (WithASecondNorm, r"does not use self.norm"),
         (WithoutNormAttribute, r"has no LayerNorm module `self.norm`"),
         (CallingTheSublayerTwice, r"calls the sublayer 2 times"),
-        (AddingInPlace, r"modified its input `x` in place"),
+        (
+            variant(SublayerConnectionWithTwoMethods, ("torch.add(x,", "x.add_("), method="pre_ln"),
+            r"modified its input `x` in place",
+        ),
         (IgnoringDropout, r"dropout is never applied in training mode"),
-        (DropoutAlwaysOn, r"eval mode: its dropout is still active"),
-        (DropoutTwice, r"either dropped or scaled by 1/\(1 - p\)"),
+        (  # F.dropout's training is True unless told
+            variant(
+                SublayerConnectionWithTorchModules,
+                ("sublayer(x), self.p, self.training)", "sublayer(x), self.p)"),
+                ("sublayer(self.norm(x)), self.p, self.training)", "sublayer(self.norm(x)), self.p)"),
+            ),
+            r"eval mode: its dropout is still active",
+        ),
+        (
+            variant(
+                SublayerConnectionWithTwoMethods,
+                ("self.dropout(sublayer(self.norm(x)))", "self.dropout(self.dropout(sublayer(self.norm(x))))"),
+                method="pre_ln",
+            ),
+            r"either dropped or scaled by 1/\(1 - p\)",
+        ),
     ],
 )
-
 def test_sublayer_connection_check_names_the_mistake(connection, message):
     both(check_sublayer_connection, connection, message)
 

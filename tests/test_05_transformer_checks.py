@@ -1,8 +1,9 @@
 """The chapter-5 checks pass every correct way of writing the code and name every known mistake.
 
 Each buggy variant is one entry of the design's mistake list for 05_transformer (or a near relative),
-written the way a learner would write it, mostly as the reference with one method changed; each test
-asserts the message that names it.
+written the way a learner would write it: mostly one of this file's correct variants with one edit
+(``tests.variants.variant``), by hand where the mistake is in the structure (another __init__, other
+layers); each test asserts the message that names it.
 """
 
 import math
@@ -28,6 +29,7 @@ from autograde_tests.checks.transformer import (
     decode_inputs,
     decoding_model,
 )
+from tests.variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
 
@@ -69,38 +71,16 @@ def test_positional_encoding_check_passes_correct_variants(positional_encoding, 
 # ------------------------------------------------------------------------ positional_encoding: mistakes
 
 
-def pe_sin_cos_swapped(max_len, d_model):
-    return pe_stacked(max_len, d_model).reshape(max_len, -1, 2).flip(-1).reshape(max_len, d_model)
-
-
-def pe_feature_index_exponent(max_len, d_model):
-    angle = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(d_model) / d_model)
-    pe = angle.sin()
-    pe[:, 1::2] = angle[:, 1::2].cos()
-    return pe
-
-
-def pe_halves(max_len, d_model):
-    angle = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(0, d_model, 2) / d_model)
-    return torch.cat([angle.sin(), angle.cos()], dim=1)
-
-
-def pe_transposed(max_len, d_model):
-    return pe_annotated(max_len, d_model).T
-
-
-def pe_fixed_float32(max_len, d_model):
-    return pe_annotated(max_len, d_model).float()
-
-
 @pytest.mark.parametrize(
     "positional_encoding, message",
     [
-        (pe_sin_cos_swapped, r"sin and cos are swapped"),
-        (pe_feature_index_exponent, r"exponent uses the feature index"),
-        (pe_halves, r"first half .* second half"),
-        (pe_transposed, r"\(d_model, max_len\) instead of \(max_len, d_model\)"),
-        (pe_fixed_float32, r"returns torch.float32 when the default dtype is torch.float64"),
+        (variant(pe_stacked, ("[angle.sin(), angle.cos()]", "[angle.cos(), angle.sin()]")), r"sin and cos are swapped"),
+        (variant(pe_python_loops, ("(k - k % 2) / d_model", "k / d_model")), r"exponent uses the feature index"),
+        # concatenated: all the sines, then all the cosines, instead of interleaved
+        (variant(pe_stacked, ("torch.stack", "torch.cat")), r"first half .* second half"),
+        (variant(pe_annotated, ("return pe", "return pe.T")), r"\(d_model, max_len\) instead of \(max_len, d_model\)"),
+        (variant(pe_annotated, ("return pe", "return pe.float()")),
+         r"returns torch.float32 when the default dtype is torch.float64"),
     ],
 )
 def test_positional_encoding_check_names_the_mistake(positional_encoding, message):
@@ -167,21 +147,7 @@ def test_encoder_layer_check_passes_correct_variants(EncoderLayer, hidden, capsy
 # ------------------------------------------------------------------------ EncoderLayer: mistakes
 
 
-class EncoderIgnoringPadding(R.EncoderLayer):
-    def forward(self, x, padding_mask=None):
-        return super().forward(x)
-
-
-class EncoderInvertedPadding(R.EncoderLayer):
-    def forward(self, x, padding_mask=None):
-        return super().forward(x, None if padding_mask is None else ~padding_mask)
-
-
-class EncoderPaddingOnQueries(R.EncoderLayer):
-    def forward(self, x, padding_mask=None):
-        mask = None if padding_mask is None else padding_mask[:, None, :, None]
-        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, mask)[0])
-        return self.sublayers[1](x, self.ffn)
+EncoderIgnoringPadding = variant(EncoderWithWhere, ("self.self_attn(h, h, mask)", "self.self_attn(h, h)"))
 
 
 class EncoderIgnoringNormFirst(R.EncoderLayer):
@@ -195,20 +161,19 @@ class EncoderWithoutBiases(R.EncoderLayer):
         self.self_attn = R.MultiHeadAttention(d_model, n_heads)
 
 
-class EncoderWithDropoutInEval(R.EncoderLayer):
-    def forward(self, x, padding_mask=None):
-        return F.dropout(super().forward(x, padding_mask), 0.5, training=True)
-
-
 @pytest.mark.parametrize(
     "EncoderLayer, message",
     [
         (EncoderIgnoringPadding, r"padding mask is ignored"),
-        (EncoderInvertedPadding, r"padding mask polarity inverted"),
-        (EncoderPaddingOnQueries, r"query axis instead of the key axis"),
+        (variant(EncoderExplicit, ("else padding_mask.view", "else (~padding_mask).view")),
+         r"padding mask polarity inverted"),
+        (variant(EncoderExplicit, ("view(x.size(0), 1, 1, -1)", "view(x.size(0), 1, -1, 1)")),
+         r"query axis instead of the key axis"),
         (EncoderIgnoringNormFirst, r"Pre-LN and Post-LN swapped"),
         (EncoderWithoutBiases, r"attention has no biases"),
-        (EncoderWithDropoutInEval, r"dropout is still active"),
+        # F.dropout's training defaults to True: it never sees the module's eval mode
+        (variant(EncoderWithWhere, ("lambda h: self.ffn(h)", "lambda h: F.dropout(self.ffn(h), 0.5)")),
+         r"dropout is still active"),
     ],
 )
 def test_encoder_layer_check_names_the_mistake(EncoderLayer, message):
@@ -272,58 +237,25 @@ def test_decoder_layer_check_passes_correct_variants(DecoderLayer, hidden, capsy
 # ------------------------------------------------------------------------ DecoderLayer: mistakes
 
 
-def decoder_with_masks(self_mask_fn=None, cross_memory=None, cross_mask_fn=None):
-    """A DecoderLayer whose self-attention mask, cross-attention memory or cross mask is computed by the
-    given functions of (x, tgt_padding_mask, memory, memory_padding_mask)."""
-
-    class Decoder(R.DecoderLayer):
-        def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
-            args = (x, tgt_padding_mask, memory, memory_padding_mask)
-            self_mask = self_mask_fn(*args)
-            cross_mask = (cross_mask_fn or right_cross_mask)(*args)
-            x = self.sublayers[0](x, lambda h: self.self_attn(h, h, self_mask)[0])
-            x = self.sublayers[1](x, lambda h: self.cross_attn(h, (cross_memory or right_memory)(h, memory), cross_mask)[0])
-            return self.sublayers[2](x, self.ffn)
-
-    return Decoder
-
-
-def with_keys(mask, padding):
-    return mask if padding is None else mask & padding[:, None, None, :]
-
-
-def right_self_mask(x, tm, memory, mm):
-    return with_keys(R.causal_mask(x.size(1), device=x.device), tm)
-
-
-def right_cross_mask(x, tm, memory, mm):
-    return None if mm is None else mm[:, None, None, :]
-
-
-def right_memory(h, memory):
-    return memory
-
-
-def cpu_causal_mask(x, tm, memory, mm):
-    return with_keys(R.causal_mask(x.size(1)), tm)  # forgot device=x.device
+DecoderWithoutCausalMask = variant(DecoderExplicit, ("self_mask = ~future", "self_mask = torch.ones_like(future)"))
 
 
 @pytest.mark.parametrize(
     "DecoderLayer, message",
     [
-        (decoder_with_masks(lambda x, tm, m, mm: None if tm is None else tm[:, None, None, :]),
-         r"decoder self-attention without the causal mask"),
-        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1), device=x.device).T, tm)), r"causal mask is transposed"),
-        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1), device=x.device).tril(-1), tm)),
-         r"causal mask excludes the diagonal"),
-        (decoder_with_masks(right_self_mask, cross_memory=lambda h, memory: h, cross_mask_fn=lambda *a: None),
+        (DecoderWithoutCausalMask, r"decoder self-attention without the causal mask"),
+        (variant(DecoderExplicit, ("self_mask = ~future", "self_mask = ~future.T")), r"causal mask is transposed"),
+        (variant(DecoderExplicit, ("diagonal=1", "diagonal=0")), r"causal mask excludes the diagonal"),
+        (variant(DecoderExplicit, ("self.cross_attn(h, memory, mask=cross_mask)", "self.cross_attn(h)")),
          r"cross-attention attends to the decoder's own states"),
-        (decoder_with_masks(right_self_mask, cross_mask_fn=lambda *a: None), r"ignores the memory padding mask"),
-        (decoder_with_masks(lambda x, tm, m, mm: R.causal_mask(x.size(1), device=x.device)), r"ignores the target padding mask"),
-        (decoder_with_masks(lambda x, tm, m, mm: with_keys(R.causal_mask(x.size(1), device=x.device), mm),
-                            cross_mask_fn=lambda x, tm, m, mm: None if tm is None else tm[:, None, None, :]),
+        (variant(DecoderExplicit, ("self.cross_attn(h, memory, mask=cross_mask)", "self.cross_attn(h, memory)")),
+         r"ignores the memory padding mask"),
+        (variant(DecoderExplicit, (" & tgt_padding_mask.unsqueeze(1).unsqueeze(2)", "")),
+         r"ignores the target padding mask"),
+        (variant(DecoderExplicit, ("& tgt_padding_mask.unsqueeze", "& memory_padding_mask.unsqueeze"),
+                 ("else memory_padding_mask.unsqueeze", "else tgt_padding_mask.unsqueeze")),
          r"padding masks are swapped|raised RuntimeError"),
-        (decoder_with_masks(cpu_causal_mask), r"fixed device"),
+        (variant(DecoderExplicit, ("dtype=torch.bool, device=x.device)", "dtype=torch.bool)")), r"fixed device"),
     ],
 )
 def test_decoder_layer_check_names_the_mistake(DecoderLayer, message):
@@ -418,41 +350,7 @@ def test_transformer_check_passes_correct_variants(Transformer, hidden, capsys):
 # ------------------------------------------------------------------------ Transformer: mistakes
 
 
-def embedding_variant(how):
-    class Variant(R.Transformer):
-        def embed(self, tokens, embedding):
-            e, pe, root = embedding(tokens), self.pe, math.sqrt(self.d_model)
-            T = tokens.size(1)
-            return {
-                "unscaled": lambda: e + pe[:T],
-                "by_batch": lambda: e * root + pe[: e.size(0)].unsqueeze(1),
-                "no_pe": lambda: e * root,
-                "twice": lambda: e * root + pe[:T] + pe[:T],
-                "scaled_after": lambda: (e + pe[:T]) * root,
-            }[how]()
-
-    return Variant
-
-
-class DecoderFedSourceEmbeddings(R.Transformer):
-    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
-        x = self.embed(tgt, self.src_embed)
-        for layer in self.decoder_layers:
-            x = layer(x, memory, tgt_padding_mask, src_padding_mask)
-        return self.head(x if self.decoder_norm is None else self.decoder_norm(x))
-
-
-class DecoderFedTheSource(R.Transformer):
-    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
-        return self.decode(src, self.encode(src, src_padding_mask), src_padding_mask, src_padding_mask)
-
-
-class CrossAttentionToOwnStates(R.Transformer):
-    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
-        x = self.embed(tgt, self.tgt_embed)
-        for layer in self.decoder_layers:
-            x = layer(x, x, tgt_padding_mask)  # the memory slot gets the decoder's states
-        return self.head(x if self.decoder_norm is None else self.decoder_norm(x))
+TransformerUnscaled = variant(TransformerOnTheFly, (" * self.d_model**0.5", ""), method="_embed")
 
 
 class DuplicateFinalNorm(R.Transformer):
@@ -461,43 +359,10 @@ class DuplicateFinalNorm(R.Transformer):
         self.encoder_norm, self.decoder_norm = R.LayerNorm(self.d_model), R.LayerNorm(self.d_model)
 
 
-class DuplicateFinalNormWithoutParameters(R.Transformer):
-    def encode(self, src, src_padding_mask=None):
-        memory = super().encode(src, src_padding_mask)
-        return memory if self.encoder_norm is not None else F.layer_norm(memory, (self.d_model,))
-
-
 class PreLNWithoutFinalNorm(R.Transformer):
     def __init__(self, *args, norm_first=False, **kwargs):
         super().__init__(*args, norm_first=norm_first, **kwargs)
         self.encoder_norm = self.decoder_norm = None
-
-
-class EncoderWithoutPaddingMask(R.Transformer):
-    def encode(self, src, src_padding_mask=None):
-        return super().encode(src)
-
-
-class DecodeReturningStates(R.Transformer):
-    def decode(self, tgt, memory, tgt_padding_mask=None, src_padding_mask=None):
-        x = self.embed(tgt, self.tgt_embed)
-        for layer in self.decoder_layers:
-            x = layer(x, memory, tgt_padding_mask, src_padding_mask)
-        return x
-
-
-class ForwardWithMasksSwapped(R.Transformer):
-    def forward(self, src, tgt, src_padding_mask=None, tgt_padding_mask=None):
-        return self.decode(tgt, self.encode(src, src_padding_mask), src_padding_mask, tgt_padding_mask)
-
-
-class NonCausalDecoderLayer(R.DecoderLayer):
-    def forward(self, x, memory, tgt_padding_mask=None, memory_padding_mask=None):
-        self_mask = None if tgt_padding_mask is None else tgt_padding_mask[:, None, None, :]
-        cross_mask = None if memory_padding_mask is None else memory_padding_mask[:, None, None, :]
-        x = self.sublayers[0](x, lambda h: self.self_attn(h, h, self_mask)[0])
-        x = self.sublayers[1](x, lambda h: self.cross_attn(h, memory, cross_mask)[0])
-        return self.sublayers[2](x, self.ffn)
 
 
 class TransformerWithNonCausalLayers(R.Transformer):
@@ -505,13 +370,8 @@ class TransformerWithNonCausalLayers(R.Transformer):
                  max_len=512):
         super().__init__(src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout, norm_first, max_len)
         self.decoder_layers = nn.ModuleList(
-            NonCausalDecoderLayer(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+            DecoderWithoutCausalMask(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
         )
-
-
-class EncoderLayerIgnoringPadding(R.EncoderLayer):
-    def forward(self, x, padding_mask=None):
-        return super().forward(x)
 
 
 class TransformerWithLayersIgnoringPadding(R.Transformer):
@@ -519,42 +379,48 @@ class TransformerWithLayersIgnoringPadding(R.Transformer):
                  max_len=512):
         super().__init__(src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, dropout, norm_first, max_len)
         self.encoder_layers = nn.ModuleList(
-            EncoderLayerIgnoringPadding(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
+            EncoderIgnoringPadding(d_model, n_heads, d_ff, dropout, norm_first) for _ in range(n_layers)
         )
-
-
-class TransformerWithFrozenEncoder(R.Transformer):
-    def encode(self, src, src_padding_mask=None):
-        with torch.no_grad():
-            return super().encode(src, src_padding_mask)
-
-
-class TransformerWithPECreatedOnTheCPU(TransformerOnTheFly):
-    def _embed(self, tokens, table):
-        return table(tokens) * self.d_model**0.5 + R.positional_encoding(tokens.size(1), self.d_model)
 
 
 @pytest.mark.parametrize(
     "Transformer, message",
     [
-        (embedding_variant("unscaled"), r"token embeddings not scaled by sqrt\(d_model\)"),
-        (embedding_variant("by_batch"), r"positional encoding indexed by batch instead of position"),
-        (embedding_variant("no_pe"), r"positional encoding is not added"),
-        (embedding_variant("twice"), r"positional encoding is added twice"),
-        (embedding_variant("scaled_after"), r"added before the sqrt\(d_model\) scale"),
-        (DecoderFedSourceEmbeddings, r"decoder fed the source embeddings"),
-        (DecoderFedTheSource, r"the decoder was fed the source"),
-        (CrossAttentionToOwnStates, r"cross-attention attending to the decoder's own states"),
+        (TransformerUnscaled, r"token embeddings not scaled by sqrt\(d_model\)"),
+        # the sequence-first habit: one encoding row per sequence, broadcast over its positions
+        (variant(TransformerOnTheFly, ("tokens.size(1)", "tokens.size(0)"), ("pe.unsqueeze(0)", "pe.unsqueeze(1)"),
+                 method="_embed"), r"positional encoding indexed by batch instead of position"),
+        (variant(TransformerOnTheFly, (" + pe.unsqueeze(0)", ""), method="_embed"),
+         r"positional encoding is not added"),
+        (variant(TransformerOnTheFly, ("+ pe.unsqueeze(0)", "+ pe.unsqueeze(0) + pe.unsqueeze(0)"), method="_embed"),
+         r"positional encoding is added twice"),
+        (variant(TransformerOnTheFly, ("table(tokens) * self.d_model**0.5 + pe.unsqueeze(0)",
+                                       "(table(tokens) + pe.unsqueeze(0)) * self.d_model**0.5"), method="_embed"),
+         r"added before the sqrt\(d_model\) scale"),
+        (variant(TransformerOnTheFly, ("self.tgt_embed", "self.src_embed"), method="decode"),
+         r"decoder fed the source embeddings"),
+        (variant(TransformerOnTheFly, ("self.decode(tgt,", "self.decode(src,"),
+                 ("tgt_padding_mask, src_padding_mask)", "src_padding_mask, src_padding_mask)")),
+         r"the decoder was fed the source"),
+        (variant(TransformerOnTheFly, ("layer(y, memory,", "layer(y, y,"),
+                 (", memory_padding_mask=src_padding_mask", ""), method="decode"),
+         r"cross-attention attending to the decoder's own states"),
         (DuplicateFinalNorm, r"duplicate final LayerNorm on a Post-LN stack"),
-        (DuplicateFinalNormWithoutParameters, r"duplicate final LayerNorm on a Post-LN stack"),
+        # a parameter-free layer_norm before the final norm: a second LayerNorm where Post-LN's is the Identity
+        (variant(TransformerOnTheFly, ("self.encoder_norm(x)", "self.encoder_norm(F.layer_norm(x, (self.d_model,)))"),
+                 method="encode"), r"duplicate final LayerNorm on a Post-LN stack"),
         (PreLNWithoutFinalNorm, r"Pre-LN stack .* must end with a final LayerNorm"),
-        (EncoderWithoutPaddingMask, r"encoder layers do not get src_padding_mask"),
-        (DecodeReturningStates, r"returns the decoder's states"),
-        (ForwardWithMasksSwapped, r"padding masks (are )?passed the wrong way round"),
+        (variant(TransformerOnTheFly, ("layer(x, padding_mask=src_padding_mask)", "layer(x)"), method="encode"),
+         r"encoder layers do not get src_padding_mask"),
+        (variant(TransformerOnTheFly, ("return self.head(self.decoder_norm(y))", "return y"), method="decode"),
+         r"returns the decoder's states"),
+        (variant(TransformerOnTheFly, ("tgt_padding_mask, src_padding_mask)", "src_padding_mask, tgt_padding_mask)")),
+         r"padding masks (are )?passed the wrong way round"),
         (TransformerWithNonCausalLayers, r"decoder can see the future"),
         (TransformerWithLayersIgnoringPadding, r"changing the source's padding tokens changed the logits"),
-        (TransformerWithFrozenEncoder, r"get no gradient"),
-        (TransformerWithPECreatedOnTheCPU, r"fixed device"),
+        (variant(TransformerOnTheFly, ("return self.encoder_norm(x)", "return self.encoder_norm(x).detach()"),
+                 method="encode"), r"get no gradient"),
+        (variant(TransformerOnTheFly, (".to(table.weight)", ""), method="_embed"), r"fixed device"),
     ],
 )
 def test_transformer_check_names_the_mistake(Transformer, message):
@@ -599,53 +465,21 @@ def test_teacher_forcing_loss_check_passes_correct_variants(loss_fn, hidden, cap
     assert "✔ teacher_forcing_loss" in capsys.readouterr().out
 
 
-def loss_not_shifted(model, src, tgt, pad_id):
-    logits = model(src, tgt, src != pad_id, tgt != pad_id)
-    return F.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=pad_id)
-
-
-def loss_copying_inputs(model, src, tgt, pad_id):
-    inputs = tgt[:, :-1]
-    logits = model(src, inputs, src != pad_id, inputs != pad_id)
-    return F.cross_entropy(logits.transpose(1, 2), inputs, ignore_index=pad_id)
-
-
-def loss_shifted_backwards(model, src, tgt, pad_id):
-    inputs = tgt[:, 1:]
-    logits = model(src, inputs, src != pad_id, inputs != pad_id)
-    return F.cross_entropy(logits.transpose(1, 2), tgt[:, :-1], ignore_index=pad_id)
-
-
-def loss_counting_pads(model, src, tgt, pad_id):
-    inputs = tgt[:, :-1]
-    logits = model(src, inputs, src != pad_id, inputs != pad_id)
-    return F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:])
-
-
-def loss_without_source_mask(model, src, tgt, pad_id):
-    inputs = tgt[:, :-1]
-    logits = model(src, inputs, tgt_padding_mask=inputs != pad_id)
-    return F.cross_entropy(logits.transpose(1, 2), tgt[:, 1:], ignore_index=pad_id)
-
-
-def loss_detached(model, src, tgt, pad_id):
-    return R.teacher_forcing_loss(model, src, tgt, pad_id).detach()
-
-
-def loss_as_float(model, src, tgt, pad_id):
-    return R.teacher_forcing_loss(model, src, tgt, pad_id).item()
+SHIFTED = "inputs, labels = tgt[:, :-1], tgt[:, 1:]"  # loss_gathered's decoder inputs and labels
 
 
 @pytest.mark.parametrize(
     "loss_fn, message",
     [
-        (loss_not_shifted, r"targets not shifted right .* reads the very token it must predict"),
-        (loss_copying_inputs, r"targets not shifted right .* asked to copy what it sees"),
-        (loss_shifted_backwards, r"shift goes the wrong way"),
-        (loss_counting_pads, r"padding positions are counted in the loss"),
-        (loss_without_source_mask, r"source padding mask is not passed"),
-        (loss_detached, r"detached from the model"),
-        (loss_as_float, r"should be a torch.Tensor, got float"),
+        (variant(loss_gathered, (SHIFTED, "inputs, labels = tgt, tgt")),
+         r"targets not shifted right .* reads the very token it must predict"),
+        (variant(loss_gathered, (SHIFTED, "inputs, labels = tgt[:, :-1], tgt[:, :-1]")),
+         r"targets not shifted right .* asked to copy what it sees"),
+        (variant(loss_gathered, (SHIFTED, "inputs, labels = tgt[:, 1:], tgt[:, :-1]")), r"shift goes the wrong way"),
+        (variant(loss_flattened, ("[keep], labels[keep]", ", labels")), r"padding positions are counted in the loss"),
+        (variant(loss_flattened, ("src_padding_mask=src.ne(pad_id), ", "")), r"source padding mask is not passed"),
+        (variant(loss_gathered, ("log_softmax(-1)", "log_softmax(-1).detach()")), r"detached from the model"),
+        (variant(loss_flattened, ("labels[keep])", "labels[keep]).item()")), r"should be a torch.Tensor, got float"),
     ],
 )
 def test_teacher_forcing_loss_check_names_the_mistake(loss_fn, message):
@@ -724,26 +558,7 @@ def test_greedy_decode_check_passes_correct_variants(greedy_decode, hidden, caps
     assert "✔ greedy_decode" in capsys.readouterr().out
 
 
-def greedy_variant(position=-1, pad_after_eos=True, stop_any=False, use_mask=True, length=0, first=None):
-    @torch.no_grad()
-    def greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
-        mask = src_padding_mask if use_mask else None
-        memory = model.encode(src, mask)
-        ys = torch.full((src.size(0), 1), bos_id if first is None else first, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-        while ys.size(1) < max_len + length and not (done.any() if stop_any else done.all()):
-            token = model.decode(ys, memory, src_padding_mask=mask)[:, position].argmax(-1)
-            if pad_after_eos:
-                token = torch.where(done, eos_id, token)
-            ys = torch.cat([ys, token[:, None]], dim=1)
-            done = done | (token == eos_id)
-        return ys
-
-    return greedy_decode
-
-
-def greedy_returning_a_list(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
-    return R.greedy_decode(model, src, max_len, bos_id, eos_id, src_padding_mask).tolist()
+GreedyFromTheFirstPosition = variant(greedy_rerunning_the_model, ("logits[:, -1, :]", "logits[:, 0, :]"))
 
 
 def greedy_hard_coded_ids(model, src, max_len, bos_id, eos_id, src_padding_mask=None):
@@ -753,17 +568,22 @@ def greedy_hard_coded_ids(model, src, max_len, bos_id, eos_id, src_padding_mask=
 @pytest.mark.parametrize(
     "greedy_decode, message, hidden",
     [
-        (greedy_variant(pad_after_eos=False), r"kept generating tokens", False),
-        (greedy_variant(stop_any=True), r"stopped as soon as one sequence ended", False),
-        (greedy_variant(position=0), r"logits at the first position", False),
-        (greedy_variant(use_mask=False), r"src_padding_mask is not used", False),
-        (greedy_variant(length=1), r"max_len counts the bos_id too", False),
-        (greedy_variant(first=0), r"does not start with bos_id", False),
-        (greedy_returning_a_list, r"should return a torch.Tensor, got list", False),
+        (variant(greedy_rerunning_the_model,
+                 ("torch.where(ended, torch.full_like(next_token, eos_id), next_token)", "next_token")),
+         r"kept generating tokens", False),
+        (variant(greedy_rerunning_the_model, ("(ys == eos_id).any(dim=1).all()", "(ys == eos_id).any()")),
+         r"stopped as soon as one sequence ended", False),
+        (GreedyFromTheFirstPosition, r"logits at the first position", False),
+        (variant(greedy_rerunning_the_model, ("model(src, ys, src_padding_mask)", "model(src, ys)")),
+         r"src_padding_mask is not used", False),
+        (variant(greedy_rerunning_the_model, ("ys.size(1) < max_len", "ys.size(1) <= max_len")),
+         r"max_len counts the bos_id too", False),
+        (variant(greedy_rerunning_the_model, ("bos_id, device", "0, device")), r"does not start with bos_id", False),
+        (variant(greedy_rerunning_the_model, ("return ys", "return ys.tolist()")),
+         r"should return a torch.Tensor, got list", False),
         (greedy_hard_coded_ids, r"does not start with bos_id=4", True),
     ],
 )
-
 def test_greedy_decode_check_names_the_mistake(greedy_decode, message, hidden):
     with pytest.raises(AssertionError, match=message):
         check_greedy_decode(greedy_decode, hidden=hidden)
@@ -774,9 +594,9 @@ def test_greedy_decode_check_names_the_mistake(greedy_decode, message, hidden):
 
 def test_checks_never_print_a_pass_for_wrong_code(capsys):
     with pytest.raises(AssertionError):
-        check_transformer(embedding_variant("unscaled"))
+        check_transformer(TransformerUnscaled)
     with pytest.raises(AssertionError):
-        check_greedy_decode(greedy_variant(position=0))
+        check_greedy_decode(GreedyFromTheFirstPosition)
     assert "✔" not in capsys.readouterr().out
 
 

@@ -1,7 +1,7 @@
 """The chapter-6 checks pass every correct way of writing the code and name every known mistake.
 
 The chapter's catalogued mistakes (the list the checks' docstring keeps), one buggy variant each, written
-as a learner would, mostly the reference with one thing changed:
+as a learner would, mostly one of this file's correct variants with one edit (``variant``):
     RoPE rotating the wrong pairs (interleaved instead of the course's half-split), RoPE applied to v,
     positions restarting at 0 for cached tokens, the cache appended on the wrong axis, RMSNorm subtracting
     the mean, softmax over the wrong axis in sampling, top-k applied after softmax without renormalising,
@@ -34,6 +34,8 @@ from autograde_tests.checks import (
     decoder_only,
 )
 
+from .variants import variant
+
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
 
 
@@ -54,53 +56,7 @@ class RMSNormRsqrt(nn.Module):
         return self.weight * (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps))
 
 
-class RMSNormCentred(R.RMSNorm):
-    def forward(self, x):
-        x = x - x.mean(-1, keepdim=True)
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class RMSNormEpsOutside(R.RMSNorm):
-    def forward(self, x):
-        return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight
-
-
-class RMSNormUnscaled(R.RMSNorm):
-    def forward(self, x):
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-
-
-class RMSNormWithoutEps(R.RMSNorm):
-    def forward(self, x):
-        return x / x.pow(2).mean(-1, keepdim=True).sqrt() * self.weight
-
-
-class RMSNormOfTheSum(R.RMSNorm):
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + self.eps) * self.weight
-
-
-class RMSNormOverTheWholeTensor(R.RMSNorm):
-    def forward(self, x):
-        return x / torch.sqrt(x.pow(2).mean() + self.eps) * self.weight
-
-
-class RMSNormFixedEps(R.RMSNorm):
-    def forward(self, x):
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
-
-
-class RMSNormInFloat32(R.RMSNorm):
-    """In float32 on purpose, as published RMSNorms do for speed: fails in float64 only."""
-
-    def forward(self, x):
-        y = x.float()
-        return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-class RMSNormDetached(R.RMSNorm):
-    def forward(self, x):
-        return x / torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+RMSNormWithoutTheWeight = variant(RMSNormRsqrt, ("self.weight * ", ""))
 
 
 @pytest.mark.parametrize("RMSNorm", [R.RMSNorm, RMSNormFunctional, RMSNormRsqrt])
@@ -111,15 +67,21 @@ def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
 
 
 @pytest.mark.parametrize("RMSNorm, message", [
-    (RMSNormCentred, "RMSNorm subtracts the mean"),
-    (RMSNormEpsOutside, "eps is added outside the square root"),
-    (RMSNormUnscaled, "not scaled by the learnable weight"),
-    (RMSNormWithoutEps, "eps is left out"),
-    (RMSNormOfTheSum, "the root of the sum of squares, not of their mean"),
-    (RMSNormOverTheWholeTensor, "the mean square is taken over the whole tensor"),
-    (RMSNormFixedEps, "ignores its eps argument and uses 1e-6"),
-    (RMSNormInFloat32, "float32 precision only in the output"),
-    (RMSNormDetached, "the gradient with respect to `x` differs from the reference"),
+    (variant(RMSNormRsqrt, ("return", "x = x - x.mean(-1, keepdim=True); return")), "RMSNorm subtracts the mean"),
+    (variant(RMSNormRsqrt, ("torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps)",
+                            "1 / (x.square().mean(-1, keepdim=True).sqrt() + self.eps)")),
+     "eps is added outside the square root"),
+    (RMSNormWithoutTheWeight, "not scaled by the learnable weight"),
+    (variant(RMSNormRsqrt, (" + self.eps", "")), "eps is left out"),
+    (variant(RMSNormRsqrt, (".mean(-1", ".sum(-1")), "the root of the sum of squares, not of their mean"),
+    (variant(RMSNormRsqrt, (".mean(-1, keepdim=True)", ".mean()")), "the mean square is taken over the whole tensor"),
+    (variant(RMSNormRsqrt, ("self.eps", "1e-6")), "ignores its eps argument and uses 1e-6"),
+    # in float32 on purpose, as published RMSNorms do for speed: fails in float64 only
+    (variant(RMSNormRsqrt, ("(x * torch.rsqrt(x.square()", "(x.float() * torch.rsqrt(x.float().square()"),
+             ("self.eps))", "self.eps)).to(x.dtype)")),
+     "float32 precision only in the output"),
+    (variant(RMSNormRsqrt, ("x.square()", "x.detach().square()")),
+     "the gradient with respect to `x` differs from the reference"),
 ])
 def test_rms_norm_check_names_the_mistake(RMSNorm, message):
     with pytest.raises(AssertionError, match=message):
@@ -162,14 +124,6 @@ def rotary_from_zero(x, positions, base=10000.0):
     return R.apply_rotary(x, torch.arange(x.size(-2), device=x.device), base)
 
 
-def rotary_feature_frequencies(x, positions, base=10000.0):
-    half = x.size(-1) // 2
-    angle = positions[:, None] * base ** (-torch.arange(half, dtype=torch.float64) / x.size(-1))
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def rotary_in_float32(x, positions, base=10000.0):
     return R.apply_rotary(x.float(), positions, base).to(x.dtype)
 
@@ -180,14 +134,6 @@ def rotary_consecutive_from_the_first(x, positions, base=10000.0):
 
 def rotary_ignoring_the_base(x, positions, base=10000.0):
     return R.apply_rotary(x, positions)
-
-
-def rotary_rotate_half_with_interleaved_angles(x, positions, base=10000.0):
-    """Hugging Face's rotate_half with Meta's layout of the angles, (θ0, θ0, θ1, θ1, ...)."""
-    inv_freq = 1.0 / base ** (torch.arange(0, x.size(-1), 2, dtype=torch.float64, device=x.device) / x.size(-1))
-    angle = torch.repeat_interleave(positions[:, None] * inv_freq, 2, dim=-1)
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * angle.cos().to(x.dtype) + torch.cat([-x2, x1], dim=-1) * angle.sin().to(x.dtype)
 
 
 @pytest.mark.parametrize("apply_rotary", [R.apply_rotary, rotary_complex, rotary_rotate_half])
@@ -201,10 +147,14 @@ def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys
     (rotary_interleaved, r"RoPE rotates the wrong pairs: neighbouring features \(2i, 2i \+ 1\)"),
     (rotary_backwards, "turns the pairs the wrong way"),
     (rotary_from_zero, "positions argument is ignored"),
-    (rotary_feature_frequencies, "the frequencies use the feature index i"),
+    (variant(rotary_rotate_half, ("torch.arange(0, x.size(-1), 2,", "torch.arange(x.size(-1) // 2,")),
+     "the frequencies use the feature index i"),
     (rotary_consecutive_from_the_first, r"only the first position is used: .* need not be consecutive"),
     (rotary_in_float32, "float32 precision only in the rotated tensor"),
-    (rotary_rotate_half_with_interleaved_angles, "the angles are laid out for neighbouring pairs"),
+    # Hugging Face's rotate_half with Meta's layout of the angles, (θ0, θ0, θ1, θ1, ...)
+    (variant(rotary_rotate_half, ("torch.cat([positions[:, None] * inv_freq] * 2, dim=-1)",
+                                  "torch.repeat_interleave(positions[:, None] * inv_freq, 2, dim=-1)")),
+     "the angles are laid out for neighbouring pairs"),
 ])
 def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
     with pytest.raises(AssertionError, match=message):
@@ -299,60 +249,9 @@ class BlockEinsum(BlockBase):
         return x + self.ffn(self.ffn_norm(x)), (k, v)
 
 
-class BlockInterleaved(BlockBase):
-    def rotate(self, t, positions):
-        return rotary_interleaved(t, positions)
-
-
-class BlockRotatesValues(BlockBase):
-    def project(self, h, positions):
-        q, k, v = super().project(h, positions)
-        return q, k, self.rotate(v, positions)
-
-
-class BlockRotatesQueriesOnly(BlockBase):
-    def project(self, h, positions):
-        q, k, v = self.heads(h)
-        return self.rotate(q, positions), k, v
-
-
-class BlockPositionsFromZero(BlockBase):
-    def project(self, h, positions):
-        return super().project(h, torch.arange(h.size(1), device=h.device))
-
-
-class BlockCacheOnHeads(BlockBase):
-    def append(self, cache, k, v):
-        return torch.cat([cache[0], k], dim=1), torch.cat([cache[1], v], dim=1)
-
-
-class BlockMaskBlindToCache(BlockBase):
-    def allowed(self, T, total, device):
-        return torch.ones(T, total, dtype=torch.bool, device=device).tril()
-
-
-class BlockChapter3Mask(BlockBase):
-    """Chapter 3's (T, T) causal mask, which cannot be laid over T_past + T keys."""
-
-    def allowed(self, T, total, device):
-        return torch.ones(T, T, device=device).tril().bool()
-
-
-class BlockCacheOfTheNewTokensOnly(BlockBase):
-    def forward(self, x, positions, cache=None):
-        out, (k, v) = super().forward(x, positions, cache)
-        past = 0 if cache is None else cache[0].size(2)
-        return out, (k[:, :, past:], v[:, :, past:])
-
-
-class BlockNoMask(BlockBase):
-    def allowed(self, T, total, device):
-        return None
-
-
-class BlockGateSwapped(BlockBase):
-    def ffn(self, h):
-        return self.w_down(F.silu(self.w_up(h)) * self.w_gate(h))
+# Chapter 3's (T, T) causal mask, which cannot be laid over T_past + T keys.
+BlockChapter3Mask = variant(BlockBase, ("arange(total, device", "arange(T, device"), ("total - T, total", "T"),
+                            method="allowed")
 
 
 class BlockRopeBeforeTheHeads(BlockBase):
@@ -363,24 +262,11 @@ class BlockRopeBeforeTheHeads(BlockBase):
                 *(t.view(B, T, self.n_kv_heads, self.d_k).transpose(1, 2) for t in (k, self.w_v(h))))
 
 
-class BlockUnscaled(BlockBase):
-    def project(self, h, positions):
-        q, k, v = super().project(h, positions)
-        return q * math.sqrt(self.d_k), k, v  # as if the scores were never divided by sqrt(d_k)
-
-
 class BlockPostNorm(BlockBase):
     def forward(self, x, positions, cache=None):
         attended, cache = self.attention(x, positions, cache)
         x = self.attn_norm(x + attended)
         return self.ffn_norm(x + self.ffn(x)), cache
-
-
-class BlockOneNorm(BlockBase):
-    def forward(self, x, positions, cache=None):
-        attended, cache = self.attention(self.attn_norm(x), positions, cache)
-        x = x + attended
-        return x + self.ffn(self.attn_norm(x)), cache
 
 
 def apply_rotary(x, positions, base=10000.0):
@@ -397,12 +283,6 @@ class BlockAsInTheNotebook(BlockBase):
 
     def rotate(self, t, positions):
         return apply_rotary(t, positions)
-
-
-class BlockKVHeadsTiled(BlockBase):
-    def share(self, k, v):
-        group = self.n_heads // self.n_kv_heads
-        return k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
 
 
 class BlockCachesTheRepeatedHeads(BlockBase):
@@ -430,14 +310,11 @@ class BlockNormsWithoutEps(BlockBase):
         self.attn_norm, self.ffn_norm = RMSNorm(d_model), RMSNorm(d_model)
 
 
-class BlockMaskOnTheCPU(BlockBase):
-    def allowed(self, T, total, device):
-        return torch.arange(total) <= torch.arange(total - T, total)[:, None]
-
-
 def test_a_block_that_makes_its_mask_on_a_fixed_device_is_told_so():
     with pytest.raises(AssertionError, match="makes a tensor on a fixed device"):
-        check_decoder_block(BlockMaskOnTheCPU)
+        check_decoder_block(variant(BlockBase, ("arange(total, device=device)", "arange(total)"),
+                                    ("arange(total - T, total, device=device)", "arange(total - T, total)"),
+                                    method="allowed"))
 
 
 def test_a_correct_block_gets_full_marks_whatever_its_apply_rotary_and_rms_norm_do(capsys):
@@ -445,7 +322,7 @@ def test_a_correct_block_gets_full_marks_whatever_its_apply_rotary_and_rms_norm_
     assert "✔ DecoderBlock" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("DecoderBlock", [R.DecoderBlock, BlockTorchAttention, BlockEinsum])
+@pytest.mark.parametrize("DecoderBlock", [R.DecoderBlock, BlockBase, BlockTorchAttention, BlockEinsum])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsys):
     check_decoder_block(DecoderBlock, hidden=hidden)
@@ -453,21 +330,34 @@ def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsy
 
 
 @pytest.mark.parametrize("DecoderBlock, message", [
-    (BlockInterleaved, "RoPE rotates the wrong pairs: interleaved"),
-    (BlockRotatesValues, "RoPE is applied to v too"),
-    (BlockRotatesQueriesOnly, "RoPE is applied to q only"),
-    (BlockPositionsFromZero, "positions restarting at 0 for cached tokens"),
-    (BlockCacheOnHeads, "the cache is appended on the wrong axis"),
-    (BlockMaskBlindToCache, "the causal mask ignores the cached tokens"),
-    (BlockNoMask, "no causal mask"),
+    (variant(BlockBase, ("R.apply_rotary", "rotary_interleaved"), method="rotate"),
+     "RoPE rotates the wrong pairs: interleaved"),
+    (variant(BlockBase, ("positions), v", "positions), self.rotate(v, positions)"), method="project"),
+     "RoPE is applied to v too"),
+    (variant(BlockBase, ("self.rotate(k, positions)", "k"), method="project"), "RoPE is applied to q only"),
+    (variant(BlockBase, ("self.project(h, positions)", "self.project(h, torch.arange(T, device=h.device))"),
+             method="attention"),
+     "positions restarting at 0 for cached tokens"),
+    (variant(BlockBase, ("k], dim=2", "k], dim=1"), ("v], dim=2", "v], dim=1"), method="append"),
+     "the cache is appended on the wrong axis"),
+    (variant(BlockBase, ("total - T, total", "T"), method="allowed"), "the causal mask ignores the cached tokens"),
+    (variant(BlockBase, ("self.allowed(T, k.size(2), h.device)", "None"), method="attention"), "no causal mask"),
     (BlockChapter3Mask, r"It fails only when given cached tokens \(with an empty cache it runs\): with T_past"),
-    (BlockCacheOfTheNewTokensOnly, "the cache returned holds only the new tokens' keys and values"),
-    (BlockGateSwapped, "gate and up projections are swapped"),
+    (variant(BlockBase, (", (k, v)", ", (k[:, :, -T:], v[:, :, -T:])"), method="attention"),
+     "the cache returned holds only the new tokens' keys and values"),
+    (variant(BlockBase, ("silu(self.w_gate(h)) * self.w_up(h)", "silu(self.w_up(h)) * self.w_gate(h)"), method="ffn"),
+     "gate and up projections are swapped"),
     (BlockRopeBeforeTheHeads, "RoPE is applied before the heads are split"),
-    (BlockUnscaled, r"the scores are not scaled by 1/sqrt\(d_k\)"),
+    # q scaled up by sqrt(d_k): as if the scores were never divided by it
+    (variant(BlockBase, ("self.rotate(q, positions),", "self.rotate(q, positions) * math.sqrt(self.d_k),"),
+             method="project"),
+     r"the scores are not scaled by 1/sqrt\(d_k\)"),
     (BlockPostNorm, r"the norms come after the residual sums \(Post-Norm"),
-    (BlockOneNorm, "the FFN's input goes through attn_norm"),
-    (BlockKVHeadsTiled, "the key and value heads are repeated along the wrong axis"),
+    (variant(BlockBase, ("self.ffn(self.ffn_norm(x))", "self.ffn(self.attn_norm(x))")),
+     "the FFN's input goes through attn_norm"),
+    (variant(BlockBase, ("k.repeat_interleave(group, dim=1)", "k.repeat(1, group, 1, 1)"),
+             ("v.repeat_interleave(group, dim=1)", "v.repeat(1, group, 1, 1)"), method="share"),
+     "the key and value heads are repeated along the wrong axis"),
     (BlockCachesTheRepeatedHeads, "the cache holds the key and value heads repeated for every query head"),
     (BlockWithoutKVHeads, r"parameter w_k.weight has shape \(16, 16\), expected \(8, 16\)"),
 ])
@@ -524,58 +414,6 @@ class GPTTupleCache(GPTBase):
         return self.head(self.norm(x)), caches
 
 
-class GPTPositionsFromZero(GPTBase):
-    def positions(self, idx, cache):
-        return torch.arange(idx.size(1), device=idx.device)
-
-
-class GPTNoFinalNorm(GPTBase):
-    def final(self, x):
-        return x
-
-
-class GPTScaledEmbedding(GPTBase):
-    def embedding(self, idx):
-        return self.embed(idx) * math.sqrt(self.embed.embedding_dim)
-
-
-class GPTDetachedEmbedding(GPTBase):
-    def embedding(self, idx):
-        return self.embed(idx).detach()
-
-
-class GPTFirstCacheForEveryBlock(GPTBase):
-    def forward(self, idx, cache=None):
-        x, positions, new_cache = self.embedding(idx), self.positions(idx, cache), []
-        for block in self.blocks:
-            x, layer_cache = block(x, positions, None if cache is None else cache[0])
-            new_cache.append(layer_cache)
-        return self.head(self.final(x)), new_cache
-
-
-class GPTBlocksWithoutTheCache(GPTBase):
-    def forward(self, idx, cache=None):
-        x, positions, new_cache = self.embedding(idx), self.positions(idx, cache), []
-        for block in self.blocks:
-            x, layer_cache = block(x, positions)
-            new_cache.append(layer_cache)
-        return self.head(self.final(x)), new_cache
-
-
-class GPTPastFromTheHeadsAxis(GPTBase):
-    def positions(self, idx, cache):
-        past = 0 if cache is None else cache[0][0].shape[1]
-        return torch.arange(past, past + idx.size(1), device=idx.device)
-
-
-class GPTLogitsInFloat32(GPTBase):
-    """Meta's LLaMA returns self.output(h).float(): on purpose, for a half-precision model."""
-
-    def forward(self, idx, cache=None):
-        logits, new_cache = super().forward(idx, cache)
-        return logits.float(), new_cache
-
-
 @pytest.mark.parametrize("GPT", [R.GPT, GPTBase, GPTTupleCache])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
@@ -584,23 +422,25 @@ def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
 
 
 @pytest.mark.parametrize("GPT, message", [
-    (GPTPositionsFromZero, "positions restarting at 0 for cached tokens"),
-    (GPTNoFinalNorm, "no final norm"),
-    (GPTScaledEmbedding, r"embeddings are scaled by sqrt\(d_model\)"),
-    (GPTDetachedEmbedding, "no gradient reaches the parameter embed.weight"),
-    (GPTFirstCacheForEveryBlock, "every block is given the first block's cache"),
-    (GPTBlocksWithoutTheCache, "the blocks are not given the cache"),
-    (GPTPastFromTheHeadsAxis, "the cache's length is read on the wrong axis"),
-    (GPTLogitsInFloat32, r"the logits is torch.float32 but the inputs are torch.float64: a .float\(\) on the result"),
+    (variant(GPTBase, ("past, past + idx.size(1)", "idx.size(1)"), method="positions"),
+     "positions restarting at 0 for cached tokens"),
+    (variant(GPTBase, ("self.norm(x)", "x"), method="final"), "no final norm"),
+    (variant(GPTBase, ("self.embed(idx)", "self.embed(idx) * math.sqrt(self.embed.embedding_dim)"), method="embedding"),
+     r"embeddings are scaled by sqrt\(d_model\)"),
+    (variant(GPTBase, ("self.embed(idx)", "self.embed(idx).detach()"), method="embedding"),
+     "no gradient reaches the parameter embed.weight"),
+    (variant(GPTBase, ("block(x, positions, layer_cache)", "block(x, positions, None if cache is None else cache[0])")),
+     "every block is given the first block's cache"),
+    (variant(GPTBase, ("block(x, positions, layer_cache)", "block(x, positions)")),
+     "the blocks are not given the cache"),
+    (variant(GPTBase, ("size(2)", "size(1)"), method="positions"), "the cache's length is read on the wrong axis"),
+    # as Meta's LLaMA returns self.output(h).float(): on purpose, for a half-precision model
+    (variant(GPTBase, ("self.head(self.final(x))", "self.head(self.final(x)).float()")),
+     r"the logits is torch.float32 but the inputs are torch.float64: a .float\(\) on the result"),
 ])
 def test_gpt_check_names_the_mistake(GPT, message):
     with pytest.raises(AssertionError, match=message):
         check_gpt(GPT)
-
-
-class RMSNormWithoutTheWeight(R.RMSNorm):
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
 
 
 DecoderBlock = BlockWithoutKVHeads  # a notebook's global, wrong: the class its GPT calls by name
@@ -667,41 +507,6 @@ def loss_by_hand(model, idx):
     return -logits.log_softmax(-1).gather(-1, idx[:, 1:, None]).mean()
 
 
-def loss_unshifted(model, idx):
-    logits, _ = model(idx)
-    return F.cross_entropy(logits.flatten(0, 1), idx.flatten())
-
-
-def loss_copies_its_input(model, idx):
-    logits, _ = model(idx[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), idx[:, :-1].flatten())
-
-
-def loss_shifted_backwards(model, idx):
-    logits, _ = model(idx[:, 1:])
-    return F.cross_entropy(logits.flatten(0, 1), idx[:, :-1].flatten())
-
-
-def loss_of_probabilities(model, idx):
-    logits, _ = model(idx[:, :-1])
-    return F.cross_entropy(F.softmax(logits, dim=-1).flatten(0, 1), idx[:, 1:].flatten())
-
-
-def loss_nll_of_logits(model, idx):
-    logits, _ = model(idx[:, :-1])
-    return F.nll_loss(logits.reshape(-1, logits.size(-1)), idx[:, 1:].reshape(-1))
-
-
-def loss_summed(model, idx):
-    logits, _ = model(idx[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), idx[:, 1:].flatten(), reduction="sum")
-
-
-def loss_of_the_last_position(model, idx):
-    logits, _ = model(idx[:, :-1])
-    return F.cross_entropy(logits[:, -1, :], idx[:, -1])
-
-
 @pytest.mark.parametrize("lm_loss", [R.lm_loss, loss_from_full_logits, loss_by_hand])
 @pytest.mark.parametrize("hidden", [False, True])
 def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
@@ -710,13 +515,19 @@ def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
 
 
 @pytest.mark.parametrize("lm_loss, message", [
-    (loss_unshifted, "loss not shifted: the model reads idx and is scored on idx itself"),
-    (loss_copies_its_input, r"loss not shifted: the labels are idx\[:, :-1\]"),
-    (loss_shifted_backwards, "the shift goes the wrong way"),
-    (loss_of_probabilities, "the logits went through a softmax before F.cross_entropy"),
-    (loss_nll_of_logits, "F.nll_loss was given the raw logits"),
-    (loss_summed, "the loss is summed over the predictions, not averaged"),
-    (loss_of_the_last_position, "only the last position is scored"),
+    (variant(loss_from_full_logits, ("logits[:, :-1].transpose(1, 2), idx[:, 1:]", "logits.transpose(1, 2), idx")),
+     "loss not shifted: the model reads idx and is scored on idx itself"),
+    (variant(loss_by_hand, ("idx[:, 1:, None]", "idx[:, :-1, None]")),
+     r"loss not shifted: the labels are idx\[:, :-1\]"),
+    (variant(loss_by_hand, ("model(idx[:, :-1])", "model(idx[:, 1:])"), ("idx[:, 1:, None]", "idx[:, :-1, None]")),
+     "the shift goes the wrong way"),
+    (variant(loss_from_full_logits, ("F.cross_entropy(logits", "F.cross_entropy(logits.softmax(-1)")),
+     "the logits went through a softmax before F.cross_entropy"),
+    (variant(loss_from_full_logits, ("F.cross_entropy", "F.nll_loss")), "F.nll_loss was given the raw logits"),
+    (variant(loss_from_full_logits, ("idx[:, 1:])", 'idx[:, 1:], reduction="sum")')),
+     "the loss is summed over the predictions, not averaged"),
+    (variant(loss_by_hand, ("logits.log_softmax", "logits[:, -1].log_softmax"), ("idx[:, 1:, None]", "idx[:, -1:]")),
+     "only the last position is scored"),
 ])
 def test_lm_loss_check_names_the_mistake(lm_loss, message):
     with pytest.raises(AssertionError, match=message):
