@@ -11,17 +11,6 @@ import nbformat
 
 from .nbgrader_course import SOLUTION_MARKERS, api, failure_messages, gradebook, run, start_gradebook
 
-# One typical mistake per chapter for the demo: (solution cell, correct code, the mistaken code).
-TYPICAL_MISTAKES = {
-    "01_attention": ("scaled_dot_product_attention", " / math.sqrt(d_k)", ""),
-    "02_multi_head_attention": ("MultiHeadAttention", ", bias=bias)", ")"),
-    "03_attention_variants": ("CausalSelfAttention", ", device=x.device", ""),
-    "04_ffn_layernorm_residual": ("layer_norm", "unbiased=False", "unbiased=True"),
-    "05_transformer": ("transformer", " * math.sqrt(self.d_model)", ""),
-    "06_decoder_only": ("generate", "probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=0)"),
-    "07_attention_at_scale": ("tiled_attention", "acc * correction + p", "acc + p"),
-}
-
 
 def chapters(course: Path) -> list[str]:
     """The chapter ids, read from the instructor notebooks in ``solutions/``."""

@@ -22,8 +22,12 @@ def test_the_table_lists_the_instructor_notebooks_in_order():
     assert [chapter.id for chapter in CHAPTERS] == course.chapters(REPO)
 
 
-def test_the_demo_has_a_typical_mistake_for_every_chapter():
-    assert list(course.TYPICAL_MISTAKES) == [chapter.id for chapter in CHAPTERS]
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
+def test_each_typical_mistake_edits_its_solution_cell(chapter):
+    grade_id, correct, mistaken = chapter.typical_mistake
+    notebook = nbformat.read(REPO / "solutions" / chapter.id / f"{chapter.id}.ipynb", as_version=4)
+    cell = next(c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    assert cell.metadata.nbgrader.get("solution") and correct in cell.source and correct != mistaken
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from autograde_tests import course
+from autograde_tests.chapters import by_id
 from autograde_tests.hub import REPO, Hub, free_port
 from autograde_tests.nbgrader_course import gradebook
 
@@ -143,7 +144,7 @@ def test_the_course_runs_on_a_jupyterhub(hub):
     ada, bob = hub.learners
     solved = course.solved(REPO, CHAPTER)
     right = _answers(solved)
-    grade_id, correct, mistaken = course.TYPICAL_MISTAKES[CHAPTER]
+    grade_id, correct, mistaken = by_id(CHAPTER).typical_mistake
     wrong = _answers(course.with_mistake(solved, grade_id, correct, mistaken))
     with browser() as instance:
         with steps("instructor logs in; the formgrader is there"):

@@ -13,6 +13,7 @@ from nbgrader.api import get_alembic_version
 from sqlalchemy import text
 
 from autograde_tests import course
+from autograde_tests.chapters import by_id
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ def _handed_in(root: Path, chapter: str) -> Path:
     course.scratch_course(REPO, root)
     released = course.release(root, chapter)
     solved = course.solved(root, chapter)
-    cell, correct, mistaken = course.TYPICAL_MISTAKES[chapter]
+    cell, correct, mistaken = by_id(chapter).typical_mistake
     handed_in = {
         "solved": solved,
         "untouched": nbformat.read(released, as_version=4),
@@ -59,10 +60,6 @@ def _autograde_everyone(chapter_course: tuple[str, Path]) -> subprocess.Complete
 def graded(request, courses):
     """One chapter's graded course, and the chapter."""
     return courses[request.param], request.param
-
-
-def test_every_chapter_has_a_typical_mistake_for_the_demo():
-    assert set(CHAPTERS) <= set(course.TYPICAL_MISTAKES)
 
 
 def test_release_is_byte_for_byte_the_committed_notebook(graded):
@@ -88,7 +85,7 @@ def test_untouched_release_gets_zero(graded):
 
 def test_one_mistake_loses_exactly_that_exercises_points(graded):
     root, chapter = graded
-    cell = course.TYPICAL_MISTAKES[chapter][0]
+    cell = by_id(chapter).typical_mistake[0]
     points = course.scores(root, "one_mistake", chapter)
     full = course.scores(root, "solved", chapter)
     assert points[f"test_{cell}"] == 0

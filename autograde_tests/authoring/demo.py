@@ -12,6 +12,7 @@ import warnings
 from pathlib import Path
 
 from .. import course as c
+from ..chapters import by_id
 
 STUDENTS = ("solved", "untouched", "one_mistake")
 
@@ -44,7 +45,7 @@ def main() -> None:
         with stderr_to(log):
             released = c.release(root, chapter)
         solved = c.solved(root, chapter)
-        cell, correct, mistaken = c.TYPICAL_MISTAKES[chapter]
+        cell, correct, mistaken = by_id(chapter).typical_mistake
         handed_in = {
             "solved": solved,
             "untouched": c.nbformat.read(released, as_version=4),
