@@ -26,7 +26,7 @@ from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.plugins import ExtractorPlugin, FileNameCollectorPlugin
 from nbgrader.utils import parse_utc
 
-from .grading.files import NotData, Rules, copy_tree, kind, read_beneath, student_id_problem, write_new
+from .submission_files import NotData, Rules, copy_tree, kind, read_beneath, student_id_problem, write_new
 
 REFUSED = "refused.json"
 UPLOAD_LABEL = "(upload "  # how the label of an upload that names no learner starts

@@ -1,8 +1,8 @@
 """Grade a class: every (student, chapter) pair on its own, in parallel, and never stop the batch.
 
-This process is the coordinator. For each pair it reads the submission as data (``files``: regular files
-of the submission's own, no link followed; a link, a FIFO, a device or the instructor's own notebook makes
-it need attention, and nothing of it is copied), rebuilds it around the release
+This process is the coordinator. For each pair it reads the submission as data (``submission_files``:
+regular files of the submission's own, no link followed; a link, a FIFO, a device or the instructor's own
+notebook makes it need attention, and nothing of it is copied), rebuilds it around the release
 (``submissions``) and notes what its code does (``advisories``, for the report only); it sends each to a
 grading worker as a Dask task (``worker.grade``): a local cluster of ``--jobs`` worker processes, or the
 workers of a Dask scheduler (``--scheduler``), on other machines too. A worker runs the learner's cells in
@@ -30,9 +30,10 @@ from typing import NamedTuple
 import nbformat
 from tqdm import tqdm
 
-from .. import exchange, nbgrader_course
-from . import cluster, files, submissions
+from .. import exchange, nbgrader_course, submission_files
+from . import cluster, submissions
 from .advisories import advisories
+from .worker import Job
 
 WORK = ".grading"
 CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission
@@ -57,25 +58,6 @@ class Settings:
     worker_patience: float = 300  # seconds with no grading worker connected before the batch stops
     similarity: float = 0.7  # the similarity report's threshold (``similarity``)
     known_solutions: Path | None = None  # a folder of published answers the report compares with
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the coordinator sends a grading worker for one submission (``worker.grade``)."""
-
-    student: str
-    chapter: str
-    notebook: str  # the rebuilt submission (JSON)
-    config: str  # the course's nbgrader_config.py
-    solution: str  # the chapter's instructor notebook (JSON)
-    timeout: int  # seconds for the whole submission
-    cell_timeout: int
-    memory_bytes: int
-    output_chars: int
-    sandbox: bool
-    # Whether the worker starts the chapter's next kernel now: not for a chapter's last submissions, after
-    # which it would wait for nothing (each kernel costs about 2 s of a core to start).
-    start_next: bool = True
 
 
 @dataclass
@@ -121,7 +103,8 @@ def find_pairs(course: Path, chapters: list[str]) -> list[Pair]:
     pairs = []
     for entry in sorted(os.scandir(submitted), key=lambda e: e.name):
         if entry.is_symlink():
-            problem = f"submitted/{entry.name} is {files.kind(Path(entry.path))}: not followed, nothing was graded"
+            kind = submission_files.kind(Path(entry.path))
+            problem = f"submitted/{entry.name} is {kind}: not followed, nothing was graded"
             # The chapters it seems to hold (a stat through the link reads nothing), else every chosen one.
             behind = [c for c in chapters if os.path.isdir(os.path.join(entry.path, c))] or chapters
             pairs += [Pair(entry.name, chapter, None, (), problem) for chapter in behind]
@@ -135,7 +118,7 @@ def _pair(submitted: Path, student: str, chapter: str) -> Pair | None:
     folder = submitted / student / chapter
     if not os.path.lexists(folder):
         return None
-    problem = files.first_non_data(folder, f"submitted/{student}/{chapter}")
+    problem = submission_files.first_non_data(folder, f"submitted/{student}/{chapter}")
     if problem:
         return Pair(student, chapter, None, (), f"{problem}: nothing was copied or graded")
     notebook = folder / f"{chapter}.ipynb"
@@ -250,10 +233,10 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
         return attention(f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
     course = settings.course
     try:  # read as data, once: what was checked is what is graded, even if the folder changes meanwhile
-        data = files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb",
-                                  NOTEBOOK_BYTES)
+        data = submission_files.read_beneath(course / "submitted",
+                                             f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb", NOTEBOOK_BYTES)
         carried = _carried(course, pair)
-    except files.NotData as exc:
+    except submission_files.NotData as exc:
         return attention(f"submitted/{exc}: nothing was copied or graded")
     except OSError as exc:  # it went away or cannot be opened since it was found
         return attention(f"submitted/{pair.student}/{pair.chapter} could not be read ({exc.strerror}): not graded")
@@ -288,7 +271,8 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
     nbgrader's release_feedback finds each learner's feedback in the exchange by these two files, which
     nbgrader collect leaves beside the submission and nbgrader autograde carries along.
     """
-    return {name: files.read_beneath(course / "submitted", f"{pair.student}/{pair.chapter}/{name}", CARRIED_BYTES)
+    folder = f"{pair.student}/{pair.chapter}"
+    return {name: submission_files.read_beneath(course / "submitted", f"{folder}/{name}", CARRIED_BYTES)
             for name in CARRIED if name in pair.extra_files}
 
 

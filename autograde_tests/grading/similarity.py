@@ -27,8 +27,8 @@ import numpy as np
 from copydetect import CodeFingerprint, compare_files
 from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
-from .. import nbgrader_course
-from . import batch, files, submissions
+from .. import nbgrader_course, submission_files
+from . import batch, submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
 THRESHOLD = 0.7  # the default, between copies (0.88 and up) and independent answers (0.39 and below): see the guide
@@ -86,9 +86,9 @@ def classmates(course: Path, chapter: str, release: nbformat.NotebookNode) -> di
     submitted = course / "submitted"
     for student in sorted(p.name for p in submitted.iterdir()) if submitted.is_dir() else []:
         try:
-            data = files.read_beneath(submitted, f"{student}/{chapter}/{chapter}.ipynb", NOTEBOOK_BYTES)
+            data = submission_files.read_beneath(submitted, f"{student}/{chapter}/{chapter}.ipynb", NOTEBOOK_BYTES)
             found[student] = answer_cells(submissions.read(data), release)
-        except (files.NotData, OSError, submissions.Unreadable):
+        except (submission_files.NotData, OSError, submissions.Unreadable):
             continue
     return found
 

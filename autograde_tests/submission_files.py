@@ -5,7 +5,7 @@ notebook, the gradebook, another learner's work), a FIFO (a read that never ends
 an answer: the grader refuses the submission, says why, and copies nothing. Checking a path and then
 opening it would leave a gap in which the file can be swapped for a link, so files are read by opening
 every folder on the way and the file itself without following links (``O_NOFOLLOW``) and asking the
-open file what it is (``fstat``). Collection (``autograde_tests.exchange``) copies trees the same way.
+open file what it is (``fstat``). Grading and collection (``autograde_tests.exchange``) copy trees this way.
 """
 
 import errno
