@@ -90,24 +90,16 @@ def check_softmax(softmax, hidden: bool = False) -> None:
 def _expect_finite(name, out, case: SoftmaxCase) -> None:
     """Name an overflow: inf or NaN where the scores are large."""
     if not torch.isfinite(out).all() and case.scale > 1:
-        fail(
-            name,
-            f"returns inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
-            "subtract the maximum along `dim` (keepdim=True) before exp; softmax(x) = softmax(x - c).",
-        )
+        fail(name, f"returns inf or NaN for scores around {case.offset:+g}: exp overflows or underflows",
+             "subtract the maximum along `dim` (keepdim=True) before exp; softmax(x) = softmax(x - c).")
 
 
 def _wrong_axis_mistakes(rank: int, dim: int) -> list[Mistake]:
     """Softmax over each axis but ``dim``: the reference called with the wrong axis, named by the one it used."""
-    return [
-        Mistake(
-            f"normalises over dim {other} when called with dim={dim}",
-            "reduce (max and sum) along the `dim` argument, with keepdim=True.",
-            functools.partial(ref.softmax, dim=other),
-        )
-        for other in range(rank)
-        if other != dim % rank
-    ]
+    return [Mistake(f"normalises over dim {other} when called with dim={dim}",
+                    "reduce (max and sum) along the `dim` argument, with keepdim=True.",
+                    functools.partial(ref.softmax, dim=other))
+            for other in range(rank) if other != dim % rank]
 
 
 # ------------------------------------------------------------------------ scaled dot-product attention
@@ -144,15 +136,10 @@ def _attention_inputs(case: AttentionCase, hidden: bool, i: int):
     q = rng.randn(*case.batch, case.m, case.d_k)
     k = rng.randn(*case.batch, case.n, case.d_k)
     v = rng.randn(*case.batch, case.n, case.d_v)
-    mask_shape = {
-        None: None,
-        "full": (*case.batch, case.m, case.n),
-        "keys": (*case.batch, 1, case.n),
-        "shared": (case.m, case.n),
-        "empty_rows": (*case.batch, case.m, case.n),
-    }[case.mask]
-    if mask_shape is None:
+    if case.mask is None:
         return q, k, v, None
+    mask_shape = {"full": (*case.batch, case.m, case.n), "keys": (*case.batch, 1, case.n),
+                  "shared": (case.m, case.n), "empty_rows": (*case.batch, case.m, case.n)}[case.mask]
     mask = rng.bernoulli(0.6, *mask_shape)
     mask[..., 0] = True  # no row is empty by accident...
     if case.mask == "empty_rows":
@@ -175,53 +162,37 @@ def _attention(*changes: tuple[str, str]):
 
 
 MINUS_INF = 'float("-inf")'
-UNZEROED = ("torch.where(mask, weights, 0.0)", "weights")  # weights as softmax left them: masked keys' and empty rows' too
+# The weights as softmax left them: masked keys' and empty rows' too.
+UNZEROED = ("torch.where(mask, weights, 0.0)", "weights")
 
 
 MISTAKES = [
-    Mistake(
-        "your output matches attention without the 1/sqrt(d_k) scale",
-        "divide q @ k.transpose(-2, -1) by math.sqrt(d_k), with d_k = q.size(-1).",
-        _attention((" / math.sqrt(d_k)", "")),
-    ),
-    Mistake(
-        "your scores are divided by d_k instead of sqrt(d_k)",
-        "the scale is 1/math.sqrt(d_k).",
-        _attention(("math.sqrt(d_k)", "d_k")),
-    ),
-    Mistake(
-        "your scores are scaled by sqrt(d_v), the size of the values",
-        "the scale uses d_k = q.size(-1), the size shared by queries and keys.",
-        _attention(("math.sqrt(d_k)", "math.sqrt(v.size(-1))")),
-    ),
-    Mistake(
-        "softmax over the wrong axis: your weights are normalised over the queries (dim=-2)",
-        "each query's row of weights must sum to 1 over the keys: softmax(scores, dim=-1).",
-        _attention(("softmax(scores, dim=-1)", "softmax(scores, dim=-2)")),
-    ),
-    Mistake(
-        "mask polarity inverted: your code treats True as 'blocked'",
-        "in this course (and in F.scaled_dot_product_attention) True means 'may attend'; "
-        "fill the scores where the mask is False.",
-        lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, ~mask),
-    ),
-    Mistake(
-        "masked scores were set to 0 instead of -inf, so masked keys still get weight (exp(0) = 1)",
-        "fill masked scores with float('-inf') so that softmax gives them exactly zero weight.",
-        _attention((MINUS_INF, "0.0"), UNZEROED),
-    ),
-    Mistake(
-        "masked weights were zeroed after softmax without renormalising, so rows no longer sum to 1",
-        "mask the scores before softmax (fill with -inf), not the weights after it.",
-        _attention((f"torch.where(mask, scores, {MINUS_INF})", "scores")),
-    ),
+    Mistake("your output matches attention without the 1/sqrt(d_k) scale",
+            "divide q @ k.transpose(-2, -1) by math.sqrt(d_k), with d_k = q.size(-1).",
+            _attention((" / math.sqrt(d_k)", ""))),
+    Mistake("your scores are divided by d_k instead of sqrt(d_k)", "the scale is 1/math.sqrt(d_k).",
+            _attention(("math.sqrt(d_k)", "d_k"))),
+    Mistake("your scores are scaled by sqrt(d_v), the size of the values",
+            "the scale uses d_k = q.size(-1), the size shared by queries and keys.",
+            _attention(("math.sqrt(d_k)", "math.sqrt(v.size(-1))"))),
+    Mistake("softmax over the wrong axis: your weights are normalised over the queries (dim=-2)",
+            "each query's row of weights must sum to 1 over the keys: softmax(scores, dim=-1).",
+            _attention(("softmax(scores, dim=-1)", "softmax(scores, dim=-2)"))),
+    Mistake("mask polarity inverted: your code treats True as 'blocked'",
+            "in this course (and in F.scaled_dot_product_attention) True means 'may attend'; "
+            "fill the scores where the mask is False.",
+            lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, ~mask)),
+    Mistake("masked scores were set to 0 instead of -inf, so masked keys still get weight (exp(0) = 1)",
+            "fill masked scores with float('-inf') so that softmax gives them exactly zero weight.",
+            _attention((MINUS_INF, "0.0"), UNZEROED)),
+    Mistake("masked weights were zeroed after softmax without renormalising, so rows no longer sum to 1",
+            "mask the scores before softmax (fill with -inf), not the weights after it.",
+            _attention((f"torch.where(mask, scores, {MINUS_INF})", "scores"))),
     Mistake(*UNIFORM_WHEN_ALL_MASKED, _attention((MINUS_INF, "-1e9"), UNZEROED)),
-    Mistake(
-        "the mask is ignored: these values match attention computed without the mask "
-        "(weights returned before masking, or the output computed from unmasked weights)",
-        "apply the mask to the scores before softmax, and use those masked weights for both results.",
-        lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, None),
-    ),
+    Mistake("the mask is ignored: these values match attention computed without the mask "
+            "(weights returned before masking, or the output computed from unmasked weights)",
+            "apply the mask to the scores before softmax, and use those masked weights for both results.",
+            lambda q, k, v, mask: ref.scaled_dot_product_attention(q, k, v, None)),
 ]
 
 
@@ -235,14 +206,14 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
         inputs64 = _attention_inputs(case, hidden, i)
         expected = ref.scaled_dot_product_attention(*inputs64)
         q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64[:3])
-        mask = None if inputs64[3] is None else inputs64[3].to(device)
-        result = call(name, scaled_dot_product_attention, q, k, v, *([] if mask is None else [mask]))
+        mask = inputs64[3]  # bool: moved, never cast; left out of the call when there is none
+        result = call(name, scaled_dot_product_attention, q, k, v, *([] if mask is None else [mask.to(device)]))
         if not (isinstance(result, tuple) and len(result) == 2):
             fail(name, f"should return a tuple (output, weights), got {type(result).__name__}")
         out, weights = result
         expect_tensor(name, "output", out, expected[0].shape, like=q)
         expect_tensor(name, "weights", weights, expected[1].shape, like=q)
-        _expect_no_nan(name, out, weights, inputs64[3])
+        _expect_no_nan(name, out, weights, mask)
         if not close(weights, expected[1]):
             name_the_mistake(name, "the weights", weights, expected[1], candidates(MISTAKES, *inputs64, part=1))
         if not close(out, expected[0]):
@@ -259,14 +230,11 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
 
 
 def _expect_no_nan(name, out, weights, mask) -> None:
-    bad = torch.isnan(out).any() or torch.isnan(weights).any()
-    if not bad:
+    """Name a NaN: from a query with no key to attend to (softmax of a row of -inf), or from elsewhere."""
+    if not (torch.isnan(out).any() or torch.isnan(weights).any()):
         return
     if mask is not None and not mask.any(dim=-1).all():
-        fail(
-            name,
-            "NaN for a query whose keys are all masked (softmax of a row of -inf is 0/0)",
-            "such a query must get zero weights and a zero output: after softmax, set the weights "
-            "where the mask is False to 0, e.g. torch.where(mask, weights, 0.0).",
-        )
+        fail(name, "NaN for a query whose keys are all masked (softmax of a row of -inf is 0/0)",
+             "such a query must get zero weights and a zero output: after softmax, set the weights "
+             "where the mask is False to 0, e.g. torch.where(mask, weights, 0.0).")
     fail(name, "the result contains NaN", "look for a division by zero or exp of a huge score.")

@@ -56,12 +56,9 @@ def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bo
 
 def _expect_unmodified(name: str, report: dict, arguments: tuple[str, ...]) -> None:
     if report["modified"]:
-        fail(
-            name,
-            f"modified its input `{arguments[report['modified'][0]]}` in place",
-            "use out-of-place operations (x = x - m, torch.maximum, masked_fill) instead of -=, "
-            "masked_fill_ or slice assignment on an input.",
-        )
+        fail(name, f"modified its input `{arguments[report['modified'][0]]}` in place",
+             "use out-of-place operations (x = x - m, torch.maximum, masked_fill) instead of -=, "
+             "masked_fill_ or slice assignment on an input.")
 
 
 def _largest(report: dict) -> tuple[int, str]:
@@ -69,7 +66,8 @@ def _largest(report: dict) -> tuple[int, str]:
     largest = report["largest"]
     if not isinstance(largest, dict):
         return 0, ""
-    return int(largest.get("elements", 0)), f"a {largest.get('dtype')} tensor of shape {tuple(largest.get('shape', ()))} ({largest.get('op')})"
+    elements, shape = int(largest.get("elements", 0)), tuple(largest.get("shape", ()))
+    return elements, f"a {largest.get('dtype')} tensor of shape {shape} ({largest.get('op')})"
 
 
 # ------------------------------------------------------------------------------------ online_softmax
@@ -173,8 +171,9 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         elements, what = _largest(report)
         if elements >= x.numel() and x.dim() > 0 and len(case.sizes) > 1:
             kernel_reported(name, online_softmax, f"joined the chunks into whole rows: {what} is as large as all the "
-                            "rows together", "work on one chunk at a time: all you need to keep between chunks is m "
-                            "and l, one number per row.")
+                            "rows together",
+                            "work on one chunk at a time: all you need to keep between chunks is m and l, one number "
+                            "per row.")
         result = report["result"]
         if not (isinstance(result, tuple) and len(result) == 2):
             fail(name, f"should return a tuple (m, l), got {type_name(result)}")
@@ -182,12 +181,8 @@ def check_online_softmax(online_softmax, hidden: bool = False) -> None:
         expect_tensor(name, "m", m, expected_m.shape, like=x)
         expect_tensor(name, "l", l, expected_l.shape, like=x)
         if report["reads"] != 1:
-            kernel_reported(
-                name,
-                online_softmax,
-                f"reads the chunks {report['reads']} times; they come as a stream, which an online softmax reads once",
-                ONE_PASS,
-            )
+            kernel_reported(name, online_softmax, f"reads the chunks {report['reads']} times; they come as a stream, "
+                            "which an online softmax reads once", ONE_PASS)
         elif isinstance(report.get("went_back"), list) and len(report["went_back"]) == 2:
             earlier, later = report["went_back"]
             kernel_reported(name, online_softmax, f"went back to chunk {earlier} after chunk {later}: a second pass "
@@ -266,7 +261,8 @@ CAUSAL_END = "end = min(n, i + rows) if causal"
 BOTTOM_RIGHT = (
     (CAUSAL_END, "end = min(n, i + rows + n - q.size(-2)) if causal"),
     ("s.size(-1) - 1 > i:", "s.size(-1) - 1 > i + n - q.size(-2):"),
-    ("torch.arange(i, i + rows, device=q.device)[:, None]", "torch.arange(i, i + rows, device=q.device)[:, None] + n - q.size(-2)"),
+    ("torch.arange(i, i + rows, device=q.device)[:, None]",
+     "torch.arange(i, i + rows, device=q.device)[:, None] + n - q.size(-2)"),
     ("p = torch.exp(s - m_new)", "p = torch.exp(s - m_new).nan_to_num(0.0)"),
     ("correction = torch.exp(m_i - m_new)", "correction = torch.exp(m_i - m_new).nan_to_num(0.0)"),
 )
@@ -367,7 +363,37 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
     first = (*_tiled_inputs(0, cases[0], hidden), cases[0].block_q, cases[0].block_k)
 
     def check_case(i: int, case: TiledCase, device, dtype) -> None:
-        _check_tiled_case(name, tiled_attention, case, _tiled_inputs(i, case, hidden), device, dtype)
+        inputs64 = _tiled_inputs(i, case, hidden)
+        expected = F.scaled_dot_product_attention(*inputs64, is_causal=case.causal)
+        q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64)
+        report = _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": case.causal})
+        _expect_unmodified(name, report, ("q", "k", "v"))
+        elements, what = _largest(report)
+        if case.watched_for_memory() and elements >= case.m * case.n:
+            problem, hint = _too_large(case, report["largest"], what)
+            kernel_reported(name, tiled_attention, f"{problem} (block_q={case.block_q}, block_k={case.block_k}, "
+                            f"causal={case.causal})", hint)
+        out = report["result"]
+        rows_of_full_blocks = case.m // case.block_q * case.block_q
+        if isinstance(out, torch.Tensor) and out.dim() == q.dim() and out.size(-2) == rows_of_full_blocks < case.m:
+            fail(name, f"the last partial block of queries was dropped: m = {case.m} is not a multiple of "
+                       f"block_q = {case.block_q}, and the output has {out.size(-2)} rows",
+                 "loop with range(0, m, block_q) and slice q[..., i:i + block_q, :]; the last slice is simply shorter.")
+        expect_tensor(name, "the output", out, expected.shape, like=q)
+        mistaken = candidates(TILED_MISTAKES, *inputs64, case.block_q, case.block_k, case.causal)
+        if torch.isnan(out).any():
+            if case.n == 0:
+                fail(name, "NaN for queries with no key to attend to (n = 0): the sum l is 0, and 0/0 is NaN",
+                     "a query that may attend to nothing gets a zero output: divide only where l > 0, "
+                     "e.g. torch.where(l > 0, acc / l, 0.0).")
+            mistake = matching_mistake(out.nan_to_num(0.0), mistaken)  # one that leaves a query no key: NaN in its row
+            if mistake is not None:
+                fail(name, mistake.problem, mistake.hint)
+            fail(name, "the result contains NaN",
+                 "exp(-inf - (-inf)) is NaN: is a running maximum still -inf when you use it?")
+        if not close(out, expected):
+            name_the_mistake(name, f"the output (causal={case.causal}, block_q={case.block_q}, block_k={case.block_k})",
+                             out, expected, mistaken)
 
     def after() -> None:
         i = next(i for i, c in enumerate(cases) if c.causal and c.watched_for_memory())
@@ -379,54 +405,19 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
         run_cases(name, cases, check_case, after=after)
 
 
-def _check_tiled_case(name, tiled_attention, case: TiledCase, inputs64: tuple, device, dtype) -> None:
-    expected = F.scaled_dot_product_attention(*inputs64, is_causal=case.causal)
-    q, k, v = (t.to(dtype=dtype, device=device) for t in inputs64)
-    report = _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": case.causal})
-    _expect_unmodified(name, report, ("q", "k", "v"))
-    elements, what = _largest(report)
-    if case.watched_for_memory() and elements >= case.m * case.n:
-        problem, hint = _too_large(case, report["largest"], what)
-        kernel_reported(name, tiled_attention, f"{problem} (block_q={case.block_q}, block_k={case.block_k}, "
-                        f"causal={case.causal})", hint)
-    out = report["result"]
-    if isinstance(out, torch.Tensor) and out.dim() == q.dim() and out.size(-2) == case.m // case.block_q * case.block_q < case.m:
-        fail(name, f"the last partial block of queries was dropped: m = {case.m} is not a multiple of "
-                   f"block_q = {case.block_q}, and the output has {out.size(-2)} rows",
-             "loop with range(0, m, block_q) and slice q[..., i:i + block_q, :]; the last slice is simply shorter.")
-    expect_tensor(name, "the output", out, expected.shape, like=q)
-    mistaken = candidates(TILED_MISTAKES, *inputs64, case.block_q, case.block_k, case.causal)
-    if torch.isnan(out).any():
-        if case.n == 0:
-            fail(name, "NaN for queries with no key to attend to (n = 0): the sum l is 0, and 0/0 is NaN",
-                 "a query that may attend to nothing gets a zero output: divide only where l > 0, "
-                 "e.g. torch.where(l > 0, acc / l, 0.0).")
-        mistake = matching_mistake(out.nan_to_num(0.0), mistaken)  # one that leaves a query no key: NaN in its row
-        if mistake is not None:
-            fail(name, mistake.problem, mistake.hint)
-        fail(name, "the result contains NaN", "exp(-inf - (-inf)) is NaN: is a running maximum still -inf when you use it?")
-    if not close(out, expected):
-        name_the_mistake(name, f"the output (causal={case.causal}, block_q={case.block_q}, block_k={case.block_k})",
-                         out, expected, mistaken)
-
-
 def _expect_half_the_work(name, tiled_attention, case: TiledCase, inputs64: tuple) -> None:
     """The causal call must create about as few elements, against the same call without the mask, as the tiles
     it needs: halfway between that fraction and 1 is the limit (the bookkeeping per query block costs a little)."""
-    q, k, v = inputs64
-    elements = {causal: _watch(name, tiled_attention, (q, k, v, case.block_q, case.block_k), {"causal": causal})["elements"]
-            for causal in (False, True)}
+    args = (*inputs64, case.block_q, case.block_k)
+    elements = {causal: _watch(name, tiled_attention, args, {"causal": causal})["elements"] for causal in (False, True)}
     tiles = [math.ceil(min(case.n, i + case.block_q) / case.block_k) for i in range(0, case.m, case.block_q)]
     needed = sum(tiles) / (len(tiles) * math.ceil(case.n / case.block_k))
     if not (isinstance(elements[False], int) and isinstance(elements[True], int) and elements[False] > 0):
         kernel_reported(name, tiled_attention, "the grader could not count the work your code does")
     elif elements[True] > (needed + 1) / 2 * elements[False]:
-        kernel_reported(
-            name,
-            tiled_attention,
-            f"causal attention does {elements[True] / elements[False]:.0%} of the work of the same call without the mask "
-            f"(elements computed); skipping the tiles above the diagonal leaves about {needed:.0%} "
-            f"(m={case.m}, n={case.n}, block_q={case.block_q}, block_k={case.block_k})",
-            "for the query block starting at i, loop over keys only up to i + block_q (the block's last query + 1): "
-            "the tiles beyond it are all -inf and add nothing.",
-        )
+        kernel_reported(name, tiled_attention, f"causal attention does {elements[True] / elements[False]:.0%} of the "
+                        f"work of the same call without the mask (elements computed); skipping the tiles above the "
+                        f"diagonal leaves about {needed:.0%} (m={case.m}, n={case.n}, block_q={case.block_q}, "
+                        f"block_k={case.block_k})",
+                        "for the query block starting at i, loop over keys only up to i + block_q (the block's last "
+                        "query + 1): the tiles beyond it are all -inf and add nothing.")

@@ -44,15 +44,14 @@ FIXED_DEVICE = "create it with device=... (the device argument, or the device of
 
 
 def _expect_bool_mask(name: str, out, shape: tuple, device: torch.device) -> None:
+    """A mask is a bool tensor of ``shape``, on a device of ``device``'s type."""
     if type(out) is not torch.Tensor:
         fail(name, f"should return a torch.Tensor, got {type_name(out)}")
     if out.dtype != torch.bool:
-        fail(
-            name,
-            f"returns a {str(out.dtype).removeprefix('torch.')} mask; the course's masks are bool, True = may attend",
-            "an additive float mask (0 and -inf) is nn.Transformer's style; build the mask from comparisons "
-            "or with dtype=torch.bool.",
-        )
+        dtype = str(out.dtype).removeprefix("torch.")
+        fail(name, f"returns a {dtype} mask; the course's masks are bool, True = may attend",
+             "an additive float mask (0 and -inf) is nn.Transformer's style; build the mask from comparisons "
+             "or with dtype=torch.bool.")
     if tuple(out.shape) != tuple(shape):
         fail(name, f"returns a mask of shape {tuple(out.shape)}, expected {tuple(shape)}")
     if out.device.type != device.type:
@@ -72,23 +71,17 @@ VISIBLE_SIZES = [4, 1, 6]  # size 1 first would not tell two mistakes apart
 HIDDEN_SIZES = [2, 3, 7, 10]
 
 CAUSAL_MISTAKES = [
-    Mistake(
-        "the causal mask excludes the diagonal: a token cannot see itself",
-        "position i may attend to positions 0 .. i, itself included: torch.tril(..., diagonal=0).",
-        edited(ref.causal_mask, (".tril()", ".tril(-1)")),
-    ),
-    Mistake(
-        "the causal mask is transposed: True above the diagonal lets each token see the future, not the past",
-        "row i (the query) may attend to columns 0 .. i (the keys): the lower triangle, torch.tril.",
-        edited(ref.causal_mask, (".tril()", ".tril().T")),
-    ),
-    Mistake(
-        "mask polarity inverted: your mask is True on the future positions to block, "
-        "but in this course True = may attend",
-        "nn.Transformer and nn.MultiheadAttention mark the blocked positions; this course and "
-        "F.scaled_dot_product_attention mark the allowed ones: the lower triangle, diagonal included.",
-        edited(ref.causal_mask, ("torch.ones(", "~torch.ones(")),
-    ),
+    Mistake("the causal mask excludes the diagonal: a token cannot see itself",
+            "position i may attend to positions 0 .. i, itself included: torch.tril(..., diagonal=0).",
+            edited(ref.causal_mask, (".tril()", ".tril(-1)"))),
+    Mistake("the causal mask is transposed: True above the diagonal lets each token see the future, not the past",
+            "row i (the query) may attend to columns 0 .. i (the keys): the lower triangle, torch.tril.",
+            edited(ref.causal_mask, (".tril()", ".tril().T"))),
+    Mistake("mask polarity inverted: your mask is True on the future positions to block, "
+            "but in this course True = may attend",
+            "nn.Transformer and nn.MultiheadAttention mark the blocked positions; this course and "
+            "F.scaled_dot_product_attention mark the allowed ones: the lower triangle, diagonal included.",
+            edited(ref.causal_mask, ("torch.ones(", "~torch.ones("))),
 ]
 
 
@@ -123,16 +116,12 @@ VISIBLE_LENGTHS = [((3, 1, 4), None), ((2, 5), 7), ((0, 2, 1), 3)]
 HIDDEN_LENGTHS = [((5, 2, 7, 1), None), ((1,), 4), ((3, 3), 3), ((0, 6, 2), 8), ((4, 0, 1, 2, 3), 5)]
 
 PADDING_MISTAKES = [
-    Mistake(
-        "mask polarity inverted: your mask is True on the padding, but in this course True = a real token",
-        "True means 'may attend', and only real tokens may be attended to: positions < length.",
-        edited(ref.padding_mask, ("positions < lengths", "positions >= lengths")),
-    ),
-    Mistake(
-        "off by one: your mask marks lengths[b] + 1 positions of sequence b as real",
-        "positions are counted from 0, so position p is real when p < length (not <=).",
-        edited(ref.padding_mask, ("positions < lengths", "positions <= lengths")),
-    ),
+    Mistake("mask polarity inverted: your mask is True on the padding, but in this course True = a real token",
+            "True means 'may attend', and only real tokens may be attended to: positions < length.",
+            edited(ref.padding_mask, ("positions < lengths", "positions >= lengths"))),
+    Mistake("off by one: your mask marks lengths[b] + 1 positions of sequence b as real",
+            "positions are counted from 0, so position p is real when p < length (not <=).",
+            edited(ref.padding_mask, ("positions < lengths", "positions <= lengths"))),
 ]
 
 
@@ -146,12 +135,13 @@ def check_padding_mask(padding_mask, hidden: bool = False) -> None:
         lengths = torch.tensor(values, device=device)
         out = call(name, padding_mask, lengths) if max_len is None else call(name, padding_mask, lengths, max_len)
         width = max(values) if max_len is None else max_len
-        narrow = (len(values), max(values))
-        if isinstance(out, torch.Tensor) and tuple(out.shape) == narrow != (len(values), width):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        expected_shape = (len(values), width)
+        if shape == (len(values), max(values)) != expected_shape:
             fail(name, f"ignores max_len={max_len}: the mask is only as wide as the longest sequence")
-        if isinstance(out, torch.Tensor) and tuple(out.shape) == (width, len(values)) != (len(values), width):
-            fail(name, f"returns (max_len, B) = {tuple(out.shape)}: the mask is transposed", "one row per sequence.")
-        _expect_bool_mask(name, out, (len(values), width), device)
+        if shape == (width, len(values)) != expected_shape:
+            fail(name, f"returns (max_len, B) = {shape}: the mask is transposed", "one row per sequence.")
+        _expect_bool_mask(name, out, expected_shape, device)
         out, expected = out.cpu(), ref.padding_mask(torch.tensor(values), width)
         what = f"padding_mask({list(values)}, {max_len})"
         if not torch.equal(out, expected):
@@ -210,7 +200,10 @@ NOT_BROADCAST = (
     "padding mask not broadcast over heads and query positions: the (B, n) mask was used as it is",
     "the weights are (B, h, m, n): reshape the mask to (B, 1, 1, n), e.g. padding_mask[:, None, None, :].",
 )
-IGNORED = ("the padding mask is ignored: padded tokens get weight", "pass the padding mask, as (B, 1, 1, n), to self.attn.")
+IGNORED = (
+    "the padding mask is ignored: padded tokens get weight",
+    "pass the padding mask, as (B, 1, 1, n), to self.attn.",
+)
 INVERTED = (
     "mask polarity inverted: your code treats True in the padding mask as padding",
     "True marks real tokens, which may be attended to; nn.MultiheadAttention's key_padding_mask is the opposite.",
@@ -244,11 +237,9 @@ SELF_MISTAKES = [
     Mistake(*NOT_BROADCAST, edited(ref.SelfAttention.forward, (KEYS, "padding_mask"))),
     Mistake(*IGNORED, edited(ref.SelfAttention.forward, ("self.attn(x, x, mask)", "self.attn(x, x)"))),
     Mistake(*INVERTED, edited(ref.SelfAttention.forward, (KEYS, "~" + KEYS))),
-    Mistake(
-        "SelfAttention hides the future: the causal mask belongs to CausalSelfAttention only",
-        "in (encoder) self-attention every position may attend to every real position.",
-        ref.CausalSelfAttention.forward,  # the other variant's answer is this one's mistake
-    ),
+    Mistake("SelfAttention hides the future: the causal mask belongs to CausalSelfAttention only",
+            "in (encoder) self-attention every position may attend to every real position.",
+            ref.CausalSelfAttention.forward),  # the other variant's answer is this one's mistake
 ]
 
 CAUSAL_MODULE_MISTAKES = [
@@ -256,17 +247,13 @@ CAUSAL_MODULE_MISTAKES = [
     # The causal mask's own mistakes, made by the causal_mask the forward calls.
     *(Mistake(m.problem, m.hint, edited(ref.CausalSelfAttention.forward, causal_mask=m.compute))
       for m in CAUSAL_MISTAKES),
-    Mistake(
-        "the future is visible: no causal mask was applied",
-        "combine causal_mask(T, device=x.device) with the padding mask (both must allow a key: &).",
-        ref.SelfAttention.forward,  # the other variant's answer is this one's mistake
-    ),
+    Mistake("the future is visible: no causal mask was applied",
+            "combine causal_mask(T, device=x.device) with the padding mask (both must allow a key: &).",
+            ref.SelfAttention.forward),  # the other variant's answer is this one's mistake
     Mistake(*IGNORED, edited(ref.CausalSelfAttention.forward, ("mask & " + KEYS, "mask"))),
-    Mistake(
-        "the masks were combined with | (or) instead of & (and): a key hidden by either mask must stay hidden",
-        "a key may be attended to only if it is in the past AND a real token: causal & padding.",
-        edited(ref.CausalSelfAttention.forward, ("mask & ", "mask | ")),
-    ),
+    Mistake("the masks were combined with | (or) instead of & (and): a key hidden by either mask must stay hidden",
+            "a key may be attended to only if it is in the past AND a real token: causal & padding.",
+            edited(ref.CausalSelfAttention.forward, ("mask & ", "mask | "))),
     Mistake(*QUERY_AXIS, edited(ref.CausalSelfAttention.forward, (KEYS, "padding_mask[:, None, :, None]"))),
     Mistake(*NOT_BROADCAST, edited(ref.CausalSelfAttention.forward, (KEYS, "padding_mask"))),
     Mistake(*INVERTED, edited(ref.CausalSelfAttention.forward, (KEYS, "~" + KEYS))),
@@ -274,18 +261,14 @@ CAUSAL_MODULE_MISTAKES = [
 
 CROSS_MISTAKES = [
     Mistake(*UNIFORM_WHEN_ALL_MASKED, _filling_minus_1e9(ref.CrossAttention.forward)),
-    Mistake(
-        "cross-attention without the source padding mask: padded memory tokens get weight",
-        "pass memory_padding_mask, as (B, 1, 1, n), to self.attn.",
-        edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x, memory)")),
-    ),
+    Mistake("cross-attention without the source padding mask: padded memory tokens get weight",
+            "pass memory_padding_mask, as (B, 1, 1, n), to self.attn.",
+            edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x, memory)"))),
     Mistake(*NOT_BROADCAST, edited(ref.CrossAttention.forward, (KEYS, "padding_mask"))),
     Mistake(*INVERTED, edited(ref.CrossAttention.forward, ("memory_" + KEYS, "~memory_" + KEYS))),
-    Mistake(
-        "the memory is ignored: keys and values came from x, which makes it self-attention",
-        "x goes into the Q port and the memory into the K and V ports: self.attn(x, memory, mask).",
-        edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x)")),
-    ),
+    Mistake("the memory is ignored: keys and values came from x, which makes it self-attention",
+            "x goes into the Q port and the memory into the K and V ports: self.attn(x, memory, mask).",
+            edited(ref.CrossAttention.forward, ("self.attn(x, memory, mask)", "self.attn(x)"))),
 ]
 
 
@@ -300,12 +283,12 @@ class Variant:
 
 
 SELF = Variant("SelfAttention", ref.SelfAttention, False, SELF_MISTAKES, VISIBLE_SELF, HIDDEN_SELF)
-CAUSAL = Variant(
-    "CausalSelfAttention", ref.CausalSelfAttention, False, CAUSAL_MODULE_MISTAKES, VISIBLE_SELF, HIDDEN_SELF
-)
+CAUSAL = Variant("CausalSelfAttention", ref.CausalSelfAttention, False, CAUSAL_MODULE_MISTAKES,
+                 VISIBLE_SELF, HIDDEN_SELF)
 CROSS = Variant("CrossAttention", ref.CrossAttention, True, CROSS_MISTAKES, VISIBLE_CROSS, HIDDEN_CROSS)
 
 HOLD_ATTN = "hold one MultiHeadAttention(d_model, n_heads) as self.attn, and no other parameters."
+SWAPPED_ROLES = "x asks and the memory answers: self.attn(x, memory, mask), x in the Q port."
 
 
 def check_self_attention(SelfAttention, hidden: bool = False) -> None:
@@ -358,7 +341,28 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
             fail(name, "has no attribute `attn`", HOLD_ATTN)
         learner.to(dtype=dtype, device=device)
         copy_weights(name, learner, reference, HOLD_ATTN)
-        _check_case(variant, learner, reference, case, inputs64, dtype, device, seed_for(name, hidden, i, "properties"))
+        expected = _forward(variant, reference, *inputs64)
+        x, memory = (None if t is None else t.to(dtype=dtype, device=device) for t in inputs64[:2])
+        pm = None if inputs64[2] is None else inputs64[2].to(device)
+        out = _call_diagnosing_masks(variant, learner, case, x, memory, pm)
+        if variant.cross and isinstance(out, torch.Tensor) and tuple(out.shape) == (case.batch, case.n, case.d_model):
+            fail(name, f"the output has shape {tuple(out.shape)}, one row per memory position: cross-attention with "
+                 "the roles swapped (queries from the memory)", SWAPPED_ROLES)
+        expect_tensor(name, "the output", out, expected.shape, like=x)
+        if torch.isnan(out).any():
+            empty = pm is not None and not pm.any(dim=-1).all()
+            fail(name, "NaN for a fully padded sequence" if empty else "the output contains NaN",
+                 "a query whose keys are all padding must get a zero output: use the bool mask with "
+                 "MultiHeadAttention, not an additive -inf mask.")
+        # What each variant promises is tested on every output, a right one too; on a wrong one, after a known
+        # mistake is looked for and before the difference is reported.
+        seed = seed_for(name, hidden, i, "properties")
+        properties = lambda: _expect_properties(variant, learner, case, out, x, memory, pm, seed)
+        if close(out, expected):
+            properties()
+        else:
+            mistaken = candidates(variant.mistakes, reference, *_arguments(variant, *inputs64))
+            name_the_mistake(name, "the output", out, expected, mistaken, otherwise=properties)
 
     def on_meta() -> None:
         i, case = next((i, c) for i, c in enumerate(cases) if c.lengths is not None)
@@ -367,39 +371,6 @@ def _check_variant(variant: Variant, cls, hidden: bool) -> None:
 
     with strict_numerics(), torch.no_grad():
         run_cases(name, cases, check_case, after=on_meta, prepare=lambda i, case: _drawn(variant, hidden, i, case))
-
-
-def _check_case(variant, learner, reference, case, inputs64, dtype, device, seed) -> None:
-    name = variant.name
-    expected = _forward(variant, reference, *inputs64)
-    x, memory, pm = (None if t is None else t.to(device) for t in inputs64)
-    x = x.to(dtype)
-    memory = None if memory is None else memory.to(dtype)
-    out = _call_diagnosing_masks(variant, learner, case, x, memory, pm)
-    if variant.cross and isinstance(out, torch.Tensor) and tuple(out.shape) == (case.batch, case.n, case.d_model):
-        fail(
-            name,
-            f"the output has shape {tuple(out.shape)}, one row per memory position: cross-attention with the "
-            "roles swapped (queries from the memory)",
-            "x asks and the memory answers: self.attn(x, memory, mask), x in the Q port.",
-        )
-    expect_tensor(name, "the output", out, expected.shape, like=x)
-    if torch.isnan(out).any():
-        empty = pm is not None and not pm.any(dim=-1).all()
-        fail(
-            name,
-            "NaN for a fully padded sequence" if empty else "the output contains NaN",
-            "a query whose keys are all padding must get a zero output: use the bool mask with "
-            "MultiHeadAttention, not an additive -inf mask.",
-        )
-    # What each variant promises is tested on every output, a right one too; on a wrong one, after a known mistake
-    # is looked for and before the difference is reported.
-    properties = lambda: _expect_properties(variant, learner, case, out, x, memory, pm, seed)
-    if close(out, expected):
-        properties()
-    else:
-        mistaken = candidates(variant.mistakes, reference, *_arguments(variant, *inputs64))
-        name_the_mistake(name, "the output", out, expected, mistaken, otherwise=properties)
 
 
 def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
@@ -416,19 +387,11 @@ def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
         except AssertionError:  # it fails even without the mask: report the original error
             unmasked = None
         if variant.cross and isinstance(unmasked, torch.Tensor) and unmasked.size(1) == case.n != case.m:
-            fail(
-                variant.name,
-                "cross-attention with the roles swapped (queries from the memory): it fails with a memory "
-                "padding mask and, without one, returns one row per memory position",
-                "x asks and the memory answers: self.attn(x, memory, mask), x in the Q port.",
-            )
+            fail(variant.name, "cross-attention with the roles swapped (queries from the memory): it fails with a "
+                 "memory padding mask and, without one, returns one row per memory position", SWAPPED_ROLES)
         if unmasked is not None:
-            fail(
-                variant.name,
-                "works without a padding mask but fails with one: the padding mask is not broadcast over heads "
-                "and query positions (or it is applied on the query axis)",
-                NOT_BROADCAST[1],
-            )
+            fail(variant.name, "works without a padding mask but fails with one: the padding mask is not broadcast "
+                 "over heads and query positions (or it is applied on the query axis)", NOT_BROADCAST[1])
         raise
 
 
@@ -441,12 +404,9 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
         cut = case.m // 2
         changed = torch.cat([x[:, : cut + 1], noise[:, cut + 1 :]], dim=1)
         if not close(_forward(variant, learner, changed, memory, pm)[:, : cut + 1], out[:, : cut + 1]):
-            fail(
-                name,
-                f"changing the tokens after position {cut} changed the outputs at positions 0 .. {cut}: "
-                "the future is visible",
-                "mask the scores with causal_mask(T, device=x.device): True on and below the diagonal.",
-            )
+            fail(name, f"changing the tokens after position {cut} changed the outputs at positions 0 .. {cut}: "
+                 "the future is visible",
+                 "mask the scores with causal_mask(T, device=x.device): True on and below the diagonal.")
     if pm is not None:
         if variant.cross:
             padded = torch.where(pm[..., None], memory, rng.randn(*memory.shape).to(memory))
@@ -455,11 +415,8 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
             padded = torch.where(pm[..., None], x, noise)
             changed_out, keep = _forward(variant, learner, padded, memory, pm), pm
         if not close(changed_out * keep[..., None], out * keep[..., None]):
-            fail(
-                name,
-                "changing padded tokens changed the outputs at real positions: padded keys still get weight",
-                "the padding mask must hide keys: pass it to self.attn as (B, 1, 1, n).",
-            )
+            fail(name, "changing padded tokens changed the outputs at real positions: padded keys still get weight",
+                 "the padding mask must hide keys: pass it to self.attn as (B, 1, 1, n).")
     # One cycle through all the positions: none stays in place, where a dependence on it would not show.
     shuffled = torch.randperm(case.n, generator=rng.generator)
     order = torch.empty_like(shuffled).index_put_((shuffled,), shuffled.roll(-1)).to(x.device)
@@ -467,17 +424,11 @@ def _expect_properties(variant, learner, case, out, x, memory, pm, seed) -> None
     if variant is SELF:
         permuted = _forward(variant, learner, x[:, order], memory, permuted_pm)
         if not close(permuted, out[:, order]):
-            fail(
-                name,
-                "permuting the input positions did not permute the outputs the same way: without positional "
-                "information, self-attention must be permutation-equivariant",
-                "every position attends to every real position with the same weights whatever the order; "
-                "do not use a causal mask or positions here.",
-            )
+            fail(name, "permuting the input positions did not permute the outputs the same way: without positional "
+                 "information, self-attention must be permutation-equivariant",
+                 "every position attends to every real position with the same weights whatever the order; "
+                 "do not use a causal mask or positions here.")
     if variant.cross and not close(_forward(variant, learner, x, memory[:, order], permuted_pm), out):
-        fail(
-            name,
-            "reordering the memory (with its padding mask) changed the output: cross-attention must not depend "
-            "on the order of the memory",
-            "the memory goes into the K and V ports only: self.attn(x, memory, mask).",
-        )
+        fail(name, "reordering the memory (with its padding mask) changed the output: cross-attention must not "
+             "depend on the order of the memory",
+             "the memory goes into the K and V ports only: self.attn(x, memory, mask).")

@@ -80,21 +80,16 @@ def _ffn(*changes: tuple[str, str]):
 
 
 FFN_MISTAKES = [
-    Mistake(
-        "there is no ReLU between linear1 and linear2: two Linear layers in a row are a single linear map",
-        "apply torch.relu (or nn.ReLU) to the output of linear1, before linear2.",
-        _ffn(("torch.relu(self.linear1(x))", "self.linear1(x)")),
-    ),
-    Mistake(
-        "a ReLU is also applied after linear2, so the FFN can never output a negative number",
-        "the paper's FFN is linear2(relu(linear1(x))): one ReLU, between the two layers.",
-        _ffn(("return self.linear2(self.dropout(hidden))", "return torch.relu(self.linear2(self.dropout(hidden)))")),
-    ),
-    Mistake(
-        "the activation is GELU; the paper's FFN (and this exercise) uses ReLU",
-        "use torch.relu between the two layers.",
-        _ffn(("torch.relu(", "nn.functional.gelu(")),
-    ),
+    Mistake("there is no ReLU between linear1 and linear2: two Linear layers in a row are a single linear map",
+            "apply torch.relu (or nn.ReLU) to the output of linear1, before linear2.",
+            _ffn(("torch.relu(self.linear1(x))", "self.linear1(x)"))),
+    Mistake("a ReLU is also applied after linear2, so the FFN can never output a negative number",
+            "the paper's FFN is linear2(relu(linear1(x))): one ReLU, between the two layers.",
+            _ffn(("return self.linear2(self.dropout(hidden))",
+                  "return torch.relu(self.linear2(self.dropout(hidden)))"))),
+    Mistake("the activation is GELU; the paper's FFN (and this exercise) uses ReLU",
+            "use torch.relu between the two layers.",
+            _ffn(("torch.relu(", "nn.functional.gelu("))),
 ]
 
 
@@ -147,20 +142,14 @@ def _expect_position_wise(name, PositionwiseFeedForward, case: FeedForwardCase, 
         changed = call(name, module, nudged)
         for s in range(case.length):
             if s != t and not close(changed[:, s], out[:, s]):
-                fail(
-                    name,
-                    f"your FFN mixes positions: changing the input at position {t} changed the output at position {s} "
-                    "(a position-wise FFN transforms each token on its own; mixing positions is attention's job)",
-                    hint,
-                )
+                fail(name, f"your FFN mixes positions: changing the input at position {t} changed the output at "
+                           f"position {s} (a position-wise FFN transforms each token on its own; mixing positions is "
+                           "attention's job)", hint)
     order = torch.randperm(case.length, generator=rng.generator)
     if not close(call(name, module, x[:, order]), out[:, order]):
-        fail(
-            name,
-            "permuting the positions of the input did not permute the output the same way: "
-            "your FFN is not the same function at every position",
-            "use the same two layers, with the same weights, for every position; nothing may depend on the index.",
-        )
+        fail(name, "permuting the positions of the input did not permute the output the same way: your FFN is not the "
+                   "same function at every position",
+             "use the same two layers, with the same weights, for every position; nothing may depend on the index.")
 
 
 # ------------------------------------------------------------------------------------- ffn_as_conv1d
@@ -190,22 +179,16 @@ def _conv(*changes: tuple[str, str]):
 
 NOT_BACK = ("return out.transpose(1, 2)", "return out")
 CONV_MISTAKES = [
-    Mistake(
-        "your convolution slides over the features instead of the positions: x was not transposed to "
-        "(B, d_model, T) before nn.Conv1d, so the positions were treated as channels and mixed",
-        CONV_SHAPE_HINT,
-        _conv(("channels = x.transpose(1, 2)", "channels = x"), NOT_BACK),
-    ),
-    Mistake(
-        "the output was not transposed back: it is (B, d_model, T), not (B, T, d_model)",
-        CONV_SHAPE_HINT,
-        _conv(NOT_BACK),
-    ),
-    Mistake(
-        "there is no ReLU between the two convolutions, so this is not the FFN it was built from",
-        "apply torch.relu between conv1 and conv2, as the FFN does between linear1 and linear2.",
-        _conv(("torch.relu(self.conv1(channels))", "self.conv1(channels)")),
-    ),
+    Mistake("your convolution slides over the features instead of the positions: x was not transposed to "
+            "(B, d_model, T) before nn.Conv1d, so the positions were treated as channels and mixed",
+            CONV_SHAPE_HINT,
+            _conv(("channels = x.transpose(1, 2)", "channels = x"), NOT_BACK)),
+    Mistake("the output was not transposed back: it is (B, d_model, T), not (B, T, d_model)",
+            CONV_SHAPE_HINT,
+            _conv(NOT_BACK)),
+    Mistake("there is no ReLU between the two convolutions, so this is not the FFN it was built from",
+            "apply torch.relu between conv1 and conv2, as the FFN does between linear1 and linear2.",
+            _conv(("torch.relu(self.conv1(channels))", "self.conv1(channels)"))),
 ]
 
 
@@ -218,7 +201,8 @@ def _conv_from_the_learner(name, ffn_as_conv1d, ffn64: ref.PositionwiseFeedForwa
     if not is_module(conv):
         fail(name, f"should return an nn.Module, got {type_name(conv)}")
     if any(not torch.equal(before[k], v) for k, v in ffn.state_dict().items()):
-        fail(name, "modified the weights of the ffn it was given", "copy the weights into the convolutions; leave ffn alone.")
+        fail(name, "modified the weights of the ffn it was given",
+             "copy the weights into the convolutions; leave ffn alone.")
     _expect_convolution_classes(name, conv)
     return conv.eval()
 
@@ -247,14 +231,13 @@ def _expect_convolutions_do_the_work(name, conv: nn.Module, x: torch.Tensor) -> 
     if not isinstance(calls, dict):
         fail(name, "the grader could not watch your module run")
     if calls.get("unused"):
-        kernel_reported(
-            name,
-            conv,
-            f"the nn.Conv1d layer {', '.join(map(str, calls['unused']))} is never called when the module runs",
-            "call the layers themselves in forward (self.conv1(x)), not F.conv1d or a matmul on their weights.",
-        )
+        unused = ", ".join(map(str, calls["unused"]))
+        kernel_reported(name, conv, f"the nn.Conv1d layer {unused} is never called when the module runs",
+                        "call the layers themselves in forward (self.conv1(x)), not F.conv1d or a matmul on their "
+                        "weights.")
     if calls.get("linear"):
-        kernel_reported(name, conv, "the module it returns calls F.linear", "compute the FFN with the nn.Conv1d layers only.")
+        kernel_reported(name, conv, "the module it returns calls F.linear",
+                        "compute the FFN with the nn.Conv1d layers only.")
 
 
 def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.PositionwiseFeedForward,
@@ -277,13 +260,10 @@ def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.Po
         expected = hidden @ weights[1][..., 0].T + ffn64.linear2.bias
     out = output_like_input(name, conv, x64.clone()).detach()
     if not close(out, expected):
-        fail(
-            name,
-            "with new weights put into its nn.Conv1d layers, the module does not compute the FFN of those weights: "
-            f"its output does not come from the convolutions ({largest_error(out, expected)})",
-            "compute forward with the convolutions themselves (self.conv1, self.conv2), holding the copied weights; "
-            "keep no other copy of the weights.",
-        )
+        fail(name, "with new weights put into its nn.Conv1d layers, the module does not compute the FFN of those "
+                   f"weights: its output does not come from the convolutions ({largest_error(out, expected)})",
+             "compute forward with the convolutions themselves (self.conv1, self.conv2), holding the copied weights; "
+             "keep no other copy of the weights.")
 
 
 def _conv_drawn(name, case: ConvCase, hidden: bool, i: int) -> tuple[ref.PositionwiseFeedForward, torch.Tensor]:
@@ -333,17 +313,11 @@ def _expect_copied_weights(name, conv: nn.Module, ffn64: ref.PositionwiseFeedFor
             fail(name, f"no nn.Conv1d layer has the shape of {which}: expected a weight of shape {tuple(weight.shape)}")
         layer = match[0]
         if not close(layer.weight.detach(), weight):
-            fail(
-                name,
-                f"the weights of the convolution that replaces {which} are not {which}'s weights",
-                f"copy ffn.{which}.weight into it, reshaped to (out, in, 1) with .unsqueeze(-1).",
-            )
+            fail(name, f"the weights of the convolution that replaces {which} are not {which}'s weights",
+                 f"copy ffn.{which}.weight into it, reshaped to (out, in, 1) with .unsqueeze(-1).")
         if layer.bias is None or not close(layer.bias.detach(), linear.bias):
-            fail(
-                name,
-                f"the bias of the convolution that replaces {which} is not {which}'s bias (biases not copied)",
-                f"copy ffn.{which}.bias into the convolution's bias too.",
-            )
+            fail(name, f"the bias of the convolution that replaces {which} is not {which}'s bias (biases not copied)",
+                 f"copy ffn.{which}.bias into the convolution's bias too.")
 
 
 # ----------------------------------------------------------------------------------------- LayerNorm
@@ -385,50 +359,34 @@ BATCH_NORM = (
     "variance of each position's d_model features"
 )
 LAYER_NORM_MISTAKES = [
-    Mistake(
-        "two mistakes at once: your LayerNorm uses the unbiased variance (dividing by d_model - 1) and adds eps "
-        "outside the square root, to the standard deviation: (x - mean) / (std + eps)",
-        "use x.var(dim=-1, keepdim=True, unbiased=False) and the formula (x - mean) / sqrt(var + eps).",
-        _layer_norm(UNBIASED, EPS_OUTSIDE),
-    ),
-    Mistake(
-        "your LayerNorm uses the unbiased variance (dividing by d_model - 1); LayerNorm divides by d_model",
-        "use x.var(dim=-1, keepdim=True, unbiased=False) (torch.var and torch.std are unbiased by default).",
-        _layer_norm(UNBIASED),
-    ),
-    Mistake(
-        "eps is added outside the square root: (x - mean) / (sqrt(var) + eps)",
-        "the formula is (x - mean) / sqrt(var + eps).",
-        _layer_norm(EPS_OUTSIDE),
-    ),
-    Mistake(
-        "your LayerNorm ignores its eps argument and always uses 1e-5",
-        "store eps in __init__ (self.eps = eps) and use it in forward.",
-        _layer_norm(("self.eps", "1e-5")),
-    ),
-    Mistake(
-        "eps is missing: (x - mean) / sqrt(var)",
-        "add eps inside the square root, (x - mean) / sqrt(var + eps), so a constant vector does not divide by 0.",
-        _layer_norm((" + self.eps", "")),
-    ),
-    Mistake(
-        "no learnable weight and bias: the output is not scaled by weight and shifted by bias",
-        "return self.weight * x_hat + self.bias, with weight and bias nn.Parameters of shape (d_model,).",
-        _layer_norm(("self.weight * ", ""), (" + self.bias", "")),
-    ),
-    Mistake(
-        "weight and bias are swapped: the output is scaled by bias and shifted by weight",
-        "return self.weight * x_hat + self.bias.",
-        _layer_norm(("self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias",
-                     "self.bias * (x - mean) / torch.sqrt(var + self.eps) + self.weight")),
-    ),
+    Mistake("two mistakes at once: your LayerNorm uses the unbiased variance (dividing by d_model - 1) and adds eps "
+            "outside the square root, to the standard deviation: (x - mean) / (std + eps)",
+            "use x.var(dim=-1, keepdim=True, unbiased=False) and the formula (x - mean) / sqrt(var + eps).",
+            _layer_norm(UNBIASED, EPS_OUTSIDE)),
+    Mistake("your LayerNorm uses the unbiased variance (dividing by d_model - 1); LayerNorm divides by d_model",
+            "use x.var(dim=-1, keepdim=True, unbiased=False) (torch.var and torch.std are unbiased by default).",
+            _layer_norm(UNBIASED)),
+    Mistake("eps is added outside the square root: (x - mean) / (sqrt(var) + eps)",
+            "the formula is (x - mean) / sqrt(var + eps).",
+            _layer_norm(EPS_OUTSIDE)),
+    Mistake("your LayerNorm ignores its eps argument and always uses 1e-5",
+            "store eps in __init__ (self.eps = eps) and use it in forward.",
+            _layer_norm(("self.eps", "1e-5"))),
+    Mistake("eps is missing: (x - mean) / sqrt(var)",
+            "add eps inside the square root, (x - mean) / sqrt(var + eps), so a constant vector does not divide by 0.",
+            _layer_norm((" + self.eps", ""))),
+    Mistake("no learnable weight and bias: the output is not scaled by weight and shifted by bias",
+            "return self.weight * x_hat + self.bias, with weight and bias nn.Parameters of shape (d_model,).",
+            _layer_norm(("self.weight * ", ""), (" + self.bias", ""))),
+    Mistake("weight and bias are swapped: the output is scaled by bias and shifted by weight",
+            "return self.weight * x_hat + self.bias.",
+            _layer_norm(("self.weight * (x - mean) / torch.sqrt(var + self.eps) + self.bias",
+                         "self.bias * (x - mean) / torch.sqrt(var + self.eps) + self.weight"))),
     Mistake(BATCH_NORM, "reduce over dim=-1 with keepdim=True.", _over("tuple(range(x.dim() - 1))")),
     Mistake(BATCH_NORM, "reduce over dim=-1 with keepdim=True.", _over("0")),
-    Mistake(
-        "normalises over the last two axes (positions and features) instead of the features only",
-        "reduce over dim=-1 only: each position is normalised on its own.",
-        _over("(-2, -1)"),
-    ),
+    Mistake("normalises over the last two axes (positions and features) instead of the features only",
+            "reduce over dim=-1 only: each position is normalised on its own.",
+            _over("(-2, -1)")),
 ]
 NO_PARAMETERS_HINT = (
     "register them in __init__: self.weight = nn.Parameter(torch.ones(d_model)) and "
@@ -446,7 +404,9 @@ def _layer_norm_drawn(name, case: LayerNormCase, hidden: bool, i: int) -> tuple[
     return reference, (rng.randn(*case.shape) + offset) * case.scale
 
 
-def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
+def _loaded_layer_norm(name, LayerNorm, case: LayerNormCase, hidden, i, device, dtype) -> nn.Module:
+    """The learner's LayerNorm (with the case's eps, else the default), whose weight and bias must be
+    nn.Parameters, loaded with case ``i``'s weights (a reference drawn for it alone)."""
     d_model = case.shape[-1]
     module = construct(name, LayerNorm, d_model) if case.eps is None else construct(name, LayerNorm, d_model, eps=case.eps)
     for param in ("weight", "bias"):
@@ -454,7 +414,9 @@ def _construct_layer_norm(name, LayerNorm, case: LayerNormCase) -> nn.Module:
         if not is_a(value, nn.Parameter):
             what = "is missing" if value is None else f"is a {type_name(value)}, not an nn.Parameter"
             fail(name, f"no learnable weight and bias: `self.{param}` {what}", NO_PARAMETERS_HINT)
-    return module
+    module = module.to(torch.float64)
+    copy_weights(name, module, _layer_norm_drawn(name, case, hidden, i)[0], NO_PARAMETERS_HINT)
+    return module.to(device=device, dtype=dtype)
 
 
 def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
@@ -481,13 +443,6 @@ def check_layer_norm(LayerNorm, hidden: bool = False) -> None:
         run_cases(name, cases, check_case, after=on_meta)
 
 
-def _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype) -> nn.Module:
-    """The learner's LayerNorm with case ``i``'s weights (a reference drawn for it alone)."""
-    module = _construct_layer_norm(name, LayerNorm, case).to(torch.float64)
-    copy_weights(name, module, _layer_norm_drawn(name, case, hidden, i)[0], NO_PARAMETERS_HINT)
-    return module.to(device=device, dtype=dtype)
-
-
 def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i, device, dtype) -> None:
     """Backpropagate a random upstream gradient through the learner's and the reference LayerNorm."""
     reference, x64 = _layer_norm_drawn(name, case, hidden, i)
@@ -501,26 +456,18 @@ def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i
     upstream = upstream.to(device=device, dtype=dtype)
     actual = learner_step(name, lambda: run_in_kernel(in_kernel.gradients, module, x, upstream, ["weight", "bias"]), (x,))
     if "error" in actual:
-        fail(
-            name,
-            f"the output is not connected to the autograd graph, so nothing can learn through it ({actual['error']})",
-            "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.",
-        )
+        fail(name, "the output is not connected to the autograd graph, so nothing can learn through it "
+                   f"({actual['error']})",
+             "do not use torch.no_grad(), .detach(), .data, .item() or NumPy inside forward.")
     for what in expected:
         grad = actual.get(what)
         if not isinstance(grad, torch.Tensor):
-            fail(
-                name,
-                f"no gradient reaches `{what}`",
-                "keep every step in torch on the tensors themselves: no .detach(), .data, .item() or NumPy.",
-            )
+            fail(name, f"no gradient reaches `{what}`",
+                 "keep every step in torch on the tensors themselves: no .detach(), .data, .item() or NumPy.")
         if not close(grad, expected[what]):
-            fail(
-                name,
-                f"the gradient with respect to `{what}` differs from the reference although the output is right: "
-                f"part of your computation is cut from the graph ({largest_error(grad, expected[what])})",
-                "compute the mean and variance from x itself, without .detach(), .data, .item() or torch.no_grad().",
-            )
+            fail(name, f"the gradient with respect to `{what}` differs from the reference although the output is "
+                       f"right: part of your computation is cut from the graph ({largest_error(grad, expected[what])})",
+                 "compute the mean and variance from x itself, without .detach(), .data, .item() or torch.no_grad().")
 
 
 # -------------------------------------------------------------------------------- SublayerConnection
@@ -578,39 +525,28 @@ def _both(wiring: str):
 
 
 SUBLAYER_MISTAKES = [
-    Mistake(
-        "Pre-LN written as `x = norm(x); x = x + f(x)`: the residual carries the normalised x instead of x",
-        "keep x for the residual path: return x + dropout(sublayer(self.norm(x))).",
-        _connection((PRE_LN, "self.norm(x) + self.dropout(sublayer(self.norm(x)))")),
-    ),
-    Mistake(
-        "Pre-LN and Post-LN swapped: with norm_first=False (Post-LN, the paper) the output should be "
-        "norm(x + dropout(sublayer(x))); with norm_first=True (Pre-LN), x + dropout(sublayer(norm(x)))",
-        "check which branch runs for norm_first=True and which for norm_first=False.",
-        _connection(("if self.norm_first:", "if not self.norm_first:")),
-    ),
-    Mistake(
-        "the residual connection is missing: x is not added back to the sublayer's output",
-        "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
-        _connection((PRE_LN, "self.dropout(sublayer(self.norm(x)))"),
-                    (POST_LN, "self.norm(self.dropout(sublayer(x)))")),
-    ),
-    Mistake(
-        "self.norm is never applied: the output is x + sublayer(x)",
-        "Post-LN normalises the sum, norm(x + ...); Pre-LN normalises the sublayer's input, sublayer(norm(x)).",
-        _both("x + self.dropout(sublayer(x))"),
-    ),
-    Mistake(
-        "the LayerNorm is applied to the sublayer's output, x + norm(sublayer(x)), instead of where the placement puts it",
-        "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
-        _both("x + self.norm(self.dropout(sublayer(x)))"),
-    ),
-    Mistake(
-        "your forward does not use self.norm (the check puts a LayerNorm with known weights there)",
-        "normalise with self.norm, the attribute the contract names; do not keep a second LayerNorm.",
-        _connection((PRE_LN, PRE_LN.replace("self.norm", OWN_NORM)),
-                    (POST_LN, POST_LN.replace("self.norm", OWN_NORM))),
-    ),
+    Mistake("Pre-LN written as `x = norm(x); x = x + f(x)`: the residual carries the normalised x instead of x",
+            "keep x for the residual path: return x + dropout(sublayer(self.norm(x))).",
+            _connection((PRE_LN, "self.norm(x) + self.dropout(sublayer(self.norm(x)))"))),
+    Mistake("Pre-LN and Post-LN swapped: with norm_first=False (Post-LN, the paper) the output should be "
+            "norm(x + dropout(sublayer(x))); with norm_first=True (Pre-LN), x + dropout(sublayer(norm(x)))",
+            "check which branch runs for norm_first=True and which for norm_first=False.",
+            _connection(("if self.norm_first:", "if not self.norm_first:"))),
+    Mistake("the residual connection is missing: x is not added back to the sublayer's output",
+            "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
+            _connection((PRE_LN, "self.dropout(sublayer(self.norm(x)))"),
+                        (POST_LN, "self.norm(self.dropout(sublayer(x)))"))),
+    Mistake("self.norm is never applied: the output is x + sublayer(x)",
+            "Post-LN normalises the sum, norm(x + ...); Pre-LN normalises the sublayer's input, sublayer(norm(x)).",
+            _both("x + self.dropout(sublayer(x))")),
+    Mistake("the LayerNorm is applied to the sublayer's output, x + norm(sublayer(x)), instead of where the placement "
+            "puts it",
+            "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
+            _both("x + self.norm(self.dropout(sublayer(x)))")),
+    Mistake("your forward does not use self.norm (the check puts a LayerNorm with known weights there)",
+            "normalise with self.norm, the attribute the contract names; do not keep a second LayerNorm.",
+            _connection((PRE_LN, PRE_LN.replace("self.norm", OWN_NORM)),
+                        (POST_LN, POST_LN.replace("self.norm", OWN_NORM)))),
 ]
 
 
@@ -666,11 +602,8 @@ def check_sublayer_connection(SublayerConnection, hidden: bool = False) -> None:
         sublayer = lend(module, stand_in_models.CountedSublayer(_moved(f, device, dtype)))
         out = call(name, module, x, sublayer)
         if sublayer.calls != 1:  # the grader's own count: the sublayer is lent (``lend``)
-            fail(
-                name,
-                f"calls the sublayer {sublayer.calls} times in one forward pass",
-                "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.",
-            )
+            fail(name, f"calls the sublayer {sublayer.calls} times in one forward pass",
+                 "call it exactly once: sublayer(x) for Post-LN, sublayer(self.norm(x)) for Pre-LN.")
         expect_tensor(name, "the output", out, x.shape, like=x)
         out = out.detach()
         _expect_deterministic(name, out, lambda: call(name, module, x, sublayer).detach())
@@ -705,30 +638,21 @@ def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: Sublaye
         torch.manual_seed(seed_for(name, hidden, i, "dropout"))
         out = call(name, module, x, lend(module, torch.zeros_like))
         if not close(out, residual_only):
-            fail(
-                name,
-                "dropout applied to the residual sum instead of the sublayer output: in training mode, with a "
-                f"sublayer that returns zeros, the output should be exactly {'x' if case.norm_first else 'norm(x)'} "
-                f"({largest_error(out, residual_only)})",
-                "dropout belongs on the sublayer's output only: x + dropout(sublayer(...)); the identity path "
-                "must carry x untouched.",
-            )
+            fail(name, "dropout applied to the residual sum instead of the sublayer output: in training mode, with a "
+                       "sublayer that returns zeros, the output should be exactly "
+                       f"{'x' if case.norm_first else 'norm(x)'} ({largest_error(out, residual_only)})",
+                 "dropout belongs on the sublayer's output only: x + dropout(sublayer(...)); the identity path must "
+                 "carry x untouched.")
         full = x + f(norm(x)) if case.norm_first else norm(x + f(x))  # x as drawn: `call` saw it unchanged
         out = call(name, module, x, lend(module, f))
         if close(out, full):
-            fail(
-                name,
-                f"dropout is never applied in training mode: with dropout={TRAIN_DROPOUT} nothing was dropped",
-                "store nn.Dropout(dropout) in __init__ and apply it to the sublayer's output.",
-            )
+            fail(name, f"dropout is never applied in training mode: with dropout={TRAIN_DROPOUT} nothing was dropped",
+                 "store nn.Dropout(dropout) in __init__ and apply it to the sublayer's output.")
         if case.norm_first:
             delta, scaled = out - x, f(norm(x)) / (1 - TRAIN_DROPOUT)
             tol = 1e-9 * (1 + scaled.abs())
             dropped_or_kept = ((delta.abs() <= tol) | ((delta - scaled).abs() <= tol)).all()
             if not dropped_or_kept:
-                fail(
-                    name,
-                    "in training mode the output is not x + dropout(sublayer(norm(x))): each element of the "
-                    "sublayer's output should be either dropped or scaled by 1/(1 - p)",
-                    "apply dropout exactly once, to what the sublayer returns.",
-                )
+                fail(name, "in training mode the output is not x + dropout(sublayer(norm(x))): each element of the "
+                           "sublayer's output should be either dropped or scaled by 1/(1 - p)",
+                     "apply dropout exactly once, to what the sublayer returns.")

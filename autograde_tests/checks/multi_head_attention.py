@@ -43,11 +43,8 @@ def _call_reporting_views(name, fn, *args, **kwargs):
         return call(name, fn, *args, **kwargs)
     except AssertionError as error:
         if "view size is not compatible" in str(error):
-            fail(
-                name,
-                str(error).removeprefix(f"{name}: "),
-                "after a transpose the tensor is no longer contiguous: use .reshape, or .contiguous().view.",
-            )
+            fail(name, str(error).removeprefix(f"{name}: "),
+                 "after a transpose the tensor is no longer contiguous: use .reshape, or .contiguous().view.")
         raise
 
 
@@ -125,11 +122,8 @@ def check_split_heads(split_heads, hidden: bool = False) -> None:
         x = x64.to(dtype=dtype, device=device)
         out = _call_reporting_views(name, split_heads, x, h)
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, h, T, h * d_k) and h > 1:
-            fail(
-                name,
-                f"each head has d_model = {h * d_k} features instead of d_k = d_model / h = {d_k}",
-                "the h heads share the d_model features: d_k = d_model // n_heads.",
-            )
+            fail(name, f"each head has d_model = {h * d_k} features instead of d_k = d_model / h = {d_k}",
+                 "the h heads share the d_model features: d_k = d_model // n_heads.")
         expect_tensor(name, "the output", out, (B, h, T, d_k), like=x)
         expected = ref.split_heads(x64, h)
         if not close(out, expected):
@@ -271,33 +265,23 @@ def _expect_contract_parameters(name, module, case: MHACase) -> None:
     w_q = shapes.get("w_q.weight")
     if w_q is not None and w_q != (d_model, d_model):
         if w_q == (h * d_model, d_model):
-            fail(
-                name,
-                f"head size d_model instead of d_model / h: w_q maps {d_model} features to h * d_model = {w_q[0]}",
-                f"each of the h heads has d_k = d_model // n_heads = {d_k} features, so all heads together "
-                "need d_model: w_q = nn.Linear(d_model, d_model).",
-            )
+            fail(name, f"head size d_model instead of d_model / h: w_q maps {d_model} features to h * d_model = "
+                 f"{w_q[0]}",
+                 f"each of the h heads has d_k = d_model // n_heads = {d_k} features, so all heads together "
+                 "need d_model: w_q = nn.Linear(d_model, d_model).")
         if w_q == (d_k, d_k):
-            fail(
-                name,
-                f"w_q is a ({d_k}, {d_k}) projection applied per head: you split into heads before the projection",
-                "project the whole d_model-wide input with nn.Linear(d_model, d_model) first, then split "
-                "the result into heads.",
-            )
+            fail(name, f"w_q is a ({d_k}, {d_k}) projection applied per head: you split into heads before the "
+                 "projection",
+                 "project the whole d_model-wide input with nn.Linear(d_model, d_model) first, then split "
+                 "the result into heads.")
         if w_q == (d_k, d_model):
-            fail(
-                name,
-                f"projecting per head with the wrong size: w_q maps d_model = {d_model} to d_k = {d_k}, "
-                "one head's worth, for all heads",
-                "one nn.Linear(d_model, d_model) holds the projections of all h heads side by side.",
-            )
+            fail(name, f"projecting per head with the wrong size: w_q maps d_model = {d_model} to d_k = {d_k}, "
+                 "one head's worth, for all heads",
+                 "one nn.Linear(d_model, d_model) holds the projections of all h heads side by side.")
     biases = sorted(key for key in shapes if key.endswith(".bias"))
     if biases and not case.bias:
-        fail(
-            name,
-            f"bias on when bias=False: your module has {', '.join(biases)}",
-            "nn.Linear has bias=True by default: pass bias=bias to each nn.Linear.",
-        )
+        fail(name, f"bias on when bias=False: your module has {', '.join(biases)}",
+             "nn.Linear has bias=True by default: pass bias=bias to each nn.Linear.")
     if case.bias and not biases:
         fail(name, "ignores bias=True: your module has no bias parameters", "pass bias=bias to each nn.Linear.")
 
@@ -313,13 +297,9 @@ def _forward(name, module, case: MHACase, x, y, mask):
         raise
     except AssertionError:
         if case.m != case.n and mask is None and _runs(module, x, x):
-            fail(
-                name,
-                f"works when m == n but fails with m = {case.m} queries and n = {case.n} keys: the keys and "
-                "values were reshaped with the query length",
-                "take the length of each tensor from itself: y.size(1) for keys and values, "
-                "or reshape with -1.",
-            )
+            fail(name, f"works when m == n but fails with m = {case.m} queries and n = {case.n} keys: the keys and "
+                 "values were reshaped with the query length",
+                 "take the length of each tensor from itself: y.size(1) for keys and values, or reshape with -1.")
         raise
 
 
@@ -344,29 +324,26 @@ def check_multi_head_attention(MultiHeadAttention, hidden: bool = False) -> None
         _expect_contract_parameters(name, learner, case)
         learner.to(dtype=dtype, device=device)
         copy_weights(name, learner, reference, CONTRACT)
-        inputs = _mha_inputs(case, hidden, i)
-        inputs64 = inputs[:3]  # x, y and our mask
-        expected = reference(*inputs64)
-        torch_output, _ = torch_mha(
-            inputs[0], inputs[1], inputs[1], key_padding_mask=inputs[3], attn_mask=inputs[4], need_weights=False
-        )
-        x, y, mask = (None if t is None else t.to(device) for t in inputs64)
-        x, y = x.to(dtype), y.to(dtype)
+        x64, y64, mask64, key_padding, attn = _mha_inputs(case, hidden, i)
+        expected_out, expected_weights = reference(x64, y64, mask64)
+        torch_output, _ = torch_mha(x64, y64, y64, key_padding_mask=key_padding, attn_mask=attn, need_weights=False)
+        x, y = x64.to(dtype=dtype, device=device), y64.to(dtype=dtype, device=device)
+        mask = None if mask64 is None else mask64.to(device)
         result = _forward(name, learner, case, x, y, mask)
         if not (isinstance(result, tuple) and len(result) == 2):
             fail(name, f"forward should return a tuple (output, weights), got {type(result).__name__}")
         out, weights = result
-        _expect_weights_per_head_and_key(name, weights, expected[1].shape)
-        expect_tensor(name, "output", out, expected[0].shape, like=x)
-        expect_tensor(name, "weights", weights, expected[1].shape, like=x)
+        _expect_weights_per_head_and_key(name, weights, expected_weights.shape)
+        expect_tensor(name, "output", out, expected_out.shape, like=x)
+        expect_tensor(name, "weights", weights, expected_weights.shape, like=x)
         if torch.isnan(out).any() or torch.isnan(weights).any():
             fail(name, "the result contains NaN", "look for a division by zero or a softmax of a row of -inf.")
-        if not close(weights, expected[1]):
-            name_the_mistake(name, "the weights", weights, expected[1],
-                             candidates(MHA_MISTAKES, reference, *inputs64, part=1))
-        if not close(out, expected[0]):
-            name_the_mistake(name, "the output", out, expected[0],
-                             candidates(MHA_MISTAKES, reference, *inputs64, part=0))
+        if not close(weights, expected_weights):
+            name_the_mistake(name, "the weights", weights, expected_weights,
+                             candidates(MHA_MISTAKES, reference, x64, y64, mask64, part=1))
+        if not close(out, expected_out):
+            name_the_mistake(name, "the output", out, expected_out,
+                             candidates(MHA_MISTAKES, reference, x64, y64, mask64, part=0))
         if not close(out, torch_output):
             fail_difference(name, "the output", out, torch_output,
                             against="nn.MultiheadAttention with the same weights")
@@ -385,14 +362,8 @@ def _expect_weights_per_head_and_key(name, weights, shape) -> None:
     B, h, m, n = shape
     got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else None
     if got == (B, m, n) and h > 1:
-        fail(
-            name,
-            f"weights has shape {got}, expected {tuple(shape)}: the heads' weights were averaged",
-            "return one attention map per head, (B, h, m, n) (nn.MultiheadAttention averages them by default).",
-        )
+        fail(name, f"weights has shape {got}, expected {tuple(shape)}: the heads' weights were averaged",
+             "return one attention map per head, (B, h, m, n) (nn.MultiheadAttention averages them by default).")
     if got == (B, h, m, m) and m != n:
-        fail(
-            name,
-            f"weights has shape {got}, expected {tuple(shape)}: the keys came from x instead of y",
-            "x goes into the Q port and y into the K and V ports: k = w_k(y), v = w_v(y) (y defaults to x).",
-        )
+        fail(name, f"weights has shape {got}, expected {tuple(shape)}: the keys came from x instead of y",
+             "x goes into the Q port and y into the K and V ports: k = w_k(y), v = w_v(y) (y defaults to x).")

@@ -13,6 +13,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -48,21 +49,20 @@ from .harness import (
 from .how import expect_device_agnostic, kernel_reported
 
 
-def _lengths(rng: SeededRandom, batch: int, length: int) -> torch.Tensor:
-    """Lengths in 1 .. length, the first one full: padding happens and no sequence is empty."""
+def _padding_mask(rng: SeededRandom, batch: int, length: int) -> torch.Tensor:
+    """A (batch, length) padding mask of lengths in 1 .. length, the first one full: padding happens and no
+    sequence is empty."""
     lengths = torch.randint(1, length + 1, (batch,), generator=rng.generator)
     lengths[0] = length
-    return lengths
+    return padding_mask(lengths, length)
 
 
 def _to(tensors, device, dtype=None):
     """Move a tuple of tensors (or None) to ``device``; floating ones also to ``dtype``."""
-    moved = []
-    for t in tensors:
-        if t is not None and dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        moved.append(None if t is None else t.to(device))
-    return tuple(moved)
+    return tuple(
+        None if t is None else t.to(device, dtype if dtype is not None and t.is_floating_point() else t.dtype)
+        for t in tensors
+    )
 
 
 # ------------------------------------------------------------------------------- positional_encoding
@@ -87,26 +87,21 @@ def _encoding(*changes: tuple[str, str]):
 
 SINES, COSINES = "pe[:, 0::2] = torch.sin(angle)", "pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])"
 PE_MISTAKES = [
-    Mistake(
-        "sin and cos are swapped: the even features should be sines and the odd ones cosines",
-        PE_HINT,
-        _encoding((SINES, "pe[:, 0::2] = torch.cos(angle)"),
-                  (COSINES, "pe[:, 1::2] = torch.sin(angle[:, : d_model // 2])")),
-    ),
-    Mistake(
-        "the exponent uses the feature index k instead of the pair index 2i = k - k % 2: the sine and the "
-        "cosine of a pair should share one frequency",
-        "compute one frequency per pair, from torch.arange(0, d_model, 2), and use it for both features.",
-        _encoding(("torch.arange(0, d_model, 2, dtype=torch.float64)", "torch.arange(d_model, dtype=torch.float64)"),
-                  (SINES, "pe[:, 0::2] = torch.sin(angle[:, 0::2])"),
-                  (COSINES, "pe[:, 1::2] = torch.cos(angle[:, 1::2])")),
-    ),
-    Mistake(
-        "the sines fill the first half of the features and the cosines the second half; they should alternate",
-        "assign pe[:, 0::2] = sin(...) and pe[:, 1::2] = cos(...).",
-        _encoding((SINES, "pe[:, : angle.size(1)] = torch.sin(angle)"),
-                  (COSINES, "pe[:, angle.size(1) :] = torch.cos(angle[:, : d_model // 2])")),
-    ),
+    Mistake("sin and cos are swapped: the even features should be sines and the odd ones cosines",
+            PE_HINT,
+            _encoding((SINES, "pe[:, 0::2] = torch.cos(angle)"),
+                      (COSINES, "pe[:, 1::2] = torch.sin(angle[:, : d_model // 2])"))),
+    Mistake("the exponent uses the feature index k instead of the pair index 2i = k - k % 2: the sine and the "
+            "cosine of a pair should share one frequency",
+            "compute one frequency per pair, from torch.arange(0, d_model, 2), and use it for both features.",
+            _encoding(("torch.arange(0, d_model, 2, dtype=torch.float64)",
+                       "torch.arange(d_model, dtype=torch.float64)"),
+                      (SINES, "pe[:, 0::2] = torch.sin(angle[:, 0::2])"),
+                      (COSINES, "pe[:, 1::2] = torch.cos(angle[:, 1::2])"))),
+    Mistake("the sines fill the first half of the features and the cosines the second half; they should alternate",
+            "assign pe[:, 0::2] = sin(...) and pe[:, 1::2] = cos(...).",
+            _encoding((SINES, "pe[:, : angle.size(1)] = torch.sin(angle)"),
+                      (COSINES, "pe[:, angle.size(1) :] = torch.cos(angle[:, : d_model // 2])"))),
 ]
 
 
@@ -123,13 +118,10 @@ def check_positional_encoding(positional_encoding, hidden: bool = False) -> None
         if isinstance(out, torch.Tensor) and tuple(out.shape) == (d_model, max_len) and d_model != max_len:
             fail(name, f"the output has shape {tuple(out.shape)}: (d_model, max_len) instead of (max_len, d_model)")
         if isinstance(out, torch.Tensor) and out.dtype != dtype and out.is_floating_point():
-            fail(
-                name,
-                f"returns {out.dtype} when the default dtype is {dtype}",
-                "make the tensors without a fixed dtype (torch.zeros(max_len, d_model), torch.arange(max_len) "
-                "turned float by arithmetic) so that the result follows torch.get_default_dtype(): the model "
-                "check runs in float64 too.",
-            )
+            fail(name, f"returns {out.dtype} when the default dtype is {dtype}",
+                 "make the tensors without a fixed dtype (torch.zeros(max_len, d_model), torch.arange(max_len) "
+                 "turned float by arithmetic) so that the result follows torch.get_default_dtype(): the model "
+                 "check runs in float64 too.")
         expect_tensor(name, "the output", out, expected.shape, like=torch.empty(0, dtype=dtype, device=device))
         if not close(out, expected):
             name_the_mistake(name, "the encoding", out, expected, candidates(PE_MISTAKES, max_len, d_model))
@@ -175,9 +167,7 @@ def _layer_inputs(case: LayerCase, seed: int):
     memory = rng.randn(case.batch, case.src_len, case.d_model)
     if not case.padded:
         return x, memory, None, None
-    tgt_mask = padding_mask(_lengths(rng, case.batch, case.tgt_len), case.tgt_len)
-    memory_mask = padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
-    return x, memory, tgt_mask, memory_mask
+    return x, memory, _padding_mask(rng, case.batch, case.tgt_len), _padding_mask(rng, case.batch, case.src_len)
 
 
 def _layer_case(Reference, case: LayerCase, hidden: bool, i: int):
@@ -189,16 +179,10 @@ def _layer_case(Reference, case: LayerCase, hidden: bool, i: int):
     return layer, _layer_inputs(case, seed_for(name, hidden, i))
 
 
-def _encoder(*changes: tuple[str, str], **names):
-    """The reference EncoderLayer's forward with ``changes`` made to its source and ``names`` in place of the
-    module's (``edited``), called (layer, x, padding_mask): a mistake."""
-    return edited(ref.EncoderLayer.forward, *changes, **names)
-
-
-def _decoder(*changes: tuple[str, str], **names):
-    """The reference DecoderLayer's forward with ``changes`` made to its source and ``names`` in place of the
-    module's (``edited``), called (layer, x, memory, tgt_padding_mask, memory_padding_mask): a mistake."""
-    return edited(ref.DecoderLayer.forward, *changes, **names)
+# A mistake: the reference layer's forward with ``changes`` made to its source and ``names`` in place of the
+# module's (``edited``), called as the comment says.
+_encoder = partial(edited, ref.EncoderLayer.forward)  # (layer, x, padding_mask)
+_decoder = partial(edited, ref.DecoderLayer.forward)  # (layer, x, memory, tgt_padding_mask, memory_padding_mask)
 
 
 def _placements_swapped(sublayers: int) -> tuple[tuple[str, str], ...]:
@@ -216,65 +200,45 @@ SWAPPED_LN = (
 
 KEY_MASK = "padding_mask[:, None, None, :]"
 ENCODER_MISTAKES = [
-    Mistake(
-        "the padding mask is ignored: padding tokens are attended to as if they were words",
-        "turn padding_mask (B, S) into a key mask (B, 1, 1, S) and pass it to the self-attention.",
-        _encoder(("self.self_attn(h, h, mask)", "self.self_attn(h, h, None)")),
-    ),
-    Mistake(
-        "padding mask polarity inverted: the real tokens are hidden and the padding is attended to",
-        "a padding mask is True for real tokens, and True means 'may attend': use it as it is.",
-        _encoder((KEY_MASK, "~" + KEY_MASK)),
-    ),
-    Mistake(
-        "the padding mask is applied on the query axis instead of the key axis",
-        "hide padded keys from every query: padding_mask[:, None, None, :], shape (B, 1, 1, S).",
-        _encoder((KEY_MASK, "padding_mask[:, None, :, None]")),
-    ),
+    Mistake("the padding mask is ignored: padding tokens are attended to as if they were words",
+            "turn padding_mask (B, S) into a key mask (B, 1, 1, S) and pass it to the self-attention.",
+            _encoder(("self.self_attn(h, h, mask)", "self.self_attn(h, h, None)"))),
+    Mistake("padding mask polarity inverted: the real tokens are hidden and the padding is attended to",
+            "a padding mask is True for real tokens, and True means 'may attend': use it as it is.",
+            _encoder((KEY_MASK, "~" + KEY_MASK))),
+    Mistake("the padding mask is applied on the query axis instead of the key axis",
+            "hide padded keys from every query: padding_mask[:, None, None, :], shape (B, 1, 1, S).",
+            _encoder((KEY_MASK, "padding_mask[:, None, :, None]"))),
     Mistake(*SWAPPED_LN, _encoder(*_placements_swapped(2), swapped=SWAPPED)),
 ]
 
 CAUSAL = "causal_mask(x.size(1), device=x.device)"
 TGT_KEYS, MEMORY_KEYS = "& tgt_padding_mask[:, None, None, :]", "else memory_padding_mask[:, None, None, :]"
 DECODER_MISTAKES = [
-    Mistake(
-        "decoder self-attention without the causal mask: each target position sees the future tokens",
-        "combine causal_mask(T, device=x.device) with the target padding mask for the self-attention.",
-        _decoder((CAUSAL, "torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device)")),
-    ),
-    Mistake(
-        "the causal mask is transposed: each position sees the future and not the past",
-        "True on and below the diagonal: position t may attend to positions 0 .. t (causal_mask does this).",
-        _decoder((CAUSAL, CAUSAL + ".T")),
-    ),
-    Mistake(
-        "the causal mask excludes the diagonal: a position cannot see its own token",
-        "keep the diagonal: torch.ones(T, T).tril() (or causal_mask(T)), not tril(-1).",
-        _decoder((CAUSAL, CAUSAL + ".tril(-1)")),
-    ),
-    Mistake(
-        "cross-attention attends to the decoder's own states instead of the encoder output (the memory)",
-        "queries from the decoder, keys and values from the memory: self.cross_attn(h, memory, mask).",
-        _decoder(("self.cross_attn(h, memory, cross_mask)", "self.cross_attn(h, h, cross_mask)")),
-    ),
-    Mistake(
-        "the cross-attention ignores the memory padding mask: the decoder attends to the source's padding",
-        "pass memory_padding_mask, as a (B, 1, 1, S) key mask, to the cross-attention.",
-        _decoder((MEMORY_KEYS, "else None")),
-    ),
-    Mistake(
-        "the self-attention ignores the target padding mask (only the causal mask is applied)",
-        "combine the causal mask with tgt_padding_mask[:, None, None, :] (both must allow a key).",
-        _decoder((" " + TGT_KEYS, "")),
-    ),
-    Mistake(
-        "the two padding masks are swapped: the target's is used on the memory and the memory's on the target",
-        "tgt_padding_mask goes with the self-attention, memory_padding_mask with the cross-attention.",
-        # Never computed on the check's cases: S != T wherever there are masks, so the swapped ones cannot
-        # broadcast (and the learner's layer raises instead).
-        _decoder((TGT_KEYS, "& memory_padding_mask[:, None, None, :]"),
-                 (MEMORY_KEYS, "else tgt_padding_mask[:, None, None, :]")),
-    ),
+    Mistake("decoder self-attention without the causal mask: each target position sees the future tokens",
+            "combine causal_mask(T, device=x.device) with the target padding mask for the self-attention.",
+            _decoder((CAUSAL, "torch.ones(x.size(1), x.size(1), dtype=torch.bool, device=x.device)"))),
+    Mistake("the causal mask is transposed: each position sees the future and not the past",
+            "True on and below the diagonal: position t may attend to positions 0 .. t (causal_mask does this).",
+            _decoder((CAUSAL, CAUSAL + ".T"))),
+    Mistake("the causal mask excludes the diagonal: a position cannot see its own token",
+            "keep the diagonal: torch.ones(T, T).tril() (or causal_mask(T)), not tril(-1).",
+            _decoder((CAUSAL, CAUSAL + ".tril(-1)"))),
+    Mistake("cross-attention attends to the decoder's own states instead of the encoder output (the memory)",
+            "queries from the decoder, keys and values from the memory: self.cross_attn(h, memory, mask).",
+            _decoder(("self.cross_attn(h, memory, cross_mask)", "self.cross_attn(h, h, cross_mask)"))),
+    Mistake("the cross-attention ignores the memory padding mask: the decoder attends to the source's padding",
+            "pass memory_padding_mask, as a (B, 1, 1, S) key mask, to the cross-attention.",
+            _decoder((MEMORY_KEYS, "else None"))),
+    Mistake("the self-attention ignores the target padding mask (only the causal mask is applied)",
+            "combine the causal mask with tgt_padding_mask[:, None, None, :] (both must allow a key).",
+            _decoder((" " + TGT_KEYS, ""))),
+    Mistake("the two padding masks are swapped: the target's is used on the memory and the memory's on the target",
+            "tgt_padding_mask goes with the self-attention, memory_padding_mask with the cross-attention.",
+            # Never computed on the check's cases: S != T wherever there are masks, so the swapped ones cannot
+            # broadcast (and the learner's layer raises instead).
+            _decoder((TGT_KEYS, "& memory_padding_mask[:, None, None, :]"),
+                     (MEMORY_KEYS, "else tgt_padding_mask[:, None, None, :]"))),
     Mistake(*SWAPPED_LN, _decoder(*_placements_swapped(3), swapped=SWAPPED)),
 ]
 
@@ -295,12 +259,9 @@ def _expect_layer_parameters(name, learner: nn.Module, reference: nn.Module, hin
     have, want = learner.state_dict().keys(), reference.state_dict().keys()
     missing = sorted(want - have)
     if missing and all("attn" in key and key.endswith(".bias") for key in missing):
-        fail(
-            name,
-            f"its attention has no biases ({', '.join(missing[:2])}, ...)",
-            "build the attention as MultiHeadAttention(d_model, n_heads, bias=True): torch's Transformer layers "
-            "have biases in their attention, and MultiHeadAttention's default is bias=False.",
-        )
+        fail(name, f"its attention has no biases ({', '.join(missing[:2])}, ...)",
+             "build the attention as MultiHeadAttention(d_model, n_heads, bias=True): torch's Transformer layers "
+             "have biases in their attention, and MultiHeadAttention's default is bias=False.")
     copy_weights(name, learner, reference, hint)
 
 
@@ -339,11 +300,11 @@ def _check_layer_class(Layer, Reference, hidden, hint, arguments: Callable, mist
             expected = reference(*args64)
         learner = construct(name, Layer, case.d_model, case.n_heads, case.d_ff, case.dropout, case.norm_first)
         _expect_layer_parameters(name, learner.to(device=device, dtype=dtype), reference, hint)
-        args = _to(args64, device, dtype)
+        args = _strip(_to(args64, device, dtype))
         with torch.no_grad():
-            out = call(name, learner, *_strip(args))
+            out = call(name, learner, *args)
             expect_tensor(name, "the output", out, expected.shape, like=args[0])
-            if not close(call(name, learner, *_strip(args)), out):
+            if not close(call(name, learner, *args), out):
                 fail(name, *DROPOUT_IN_EVAL)
         if not close(out, expected):
             placement = "Pre-LN" if case.norm_first else "Post-LN"
@@ -400,9 +361,7 @@ def _model_inputs(case: ModelCase, seed: int):
     # Source ids valid in both vocabularies, so that a decoder fed the source runs (and is caught) too.
     src = torch.randint(case.tgt_vocab, (case.batch, case.src_len), generator=rng.generator)
     tgt = torch.randint(case.tgt_vocab, (case.batch, case.tgt_len), generator=rng.generator)
-    src_mask = padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
-    tgt_mask = padding_mask(_lengths(rng, case.batch, case.tgt_len), case.tgt_len)
-    return src, tgt, src_mask, tgt_mask
+    return src, tgt, _padding_mask(rng, case.batch, case.src_len), _padding_mask(rng, case.batch, case.tgt_len)
 
 
 def _model_args(case: ModelCase) -> tuple:
@@ -418,28 +377,13 @@ def _model_case(case: ModelCase, hidden: bool, i: int) -> tuple[ref.Transformer,
     return reference, _stand_in_states(case, hidden, i), _model_inputs(case, seed_for("Transformer", hidden, i))
 
 
-def _embedding(*changes: tuple[str, str]):
-    """The reference Transformer's embed with ``changes`` made to its source (``edited``), called (model,
-    tokens, embedding)."""
-    return edited(ref.Transformer.embed, *changes)
-
-
-def _encode(*changes: tuple[str, str], **names):
-    """The reference Transformer's encode with ``changes`` made to its source and ``names`` in place of the
-    module's (``edited``), called (model, src, src_padding_mask): a mistake."""
-    return edited(ref.Transformer.encode, *changes, **names)
-
-
-def _decode(*changes: tuple[str, str], **names):
-    """The reference Transformer's decode, edited (``edited``), called (model, tgt, memory, tgt_padding_mask,
-    src_padding_mask): a mistake."""
-    return edited(ref.Transformer.decode, *changes, **names)
-
-
-def _forward(*changes: tuple[str, str]):
-    """The reference Transformer's forward, edited (``edited``), called (model, src, tgt, src_padding_mask,
-    tgt_padding_mask): a mistake."""
-    return edited(ref.Transformer.forward, *changes)
+# The reference Transformer's methods with ``changes`` made to their source and ``names`` in place of the
+# module's (``edited``), called as the comments say: the mistakes of encode, decode and forward, and the
+# embedding mistakes that encode and decode make through ``embed``.
+_embedding = partial(edited, ref.Transformer.embed)  # (model, tokens, embedding)
+_encode = partial(edited, ref.Transformer.encode)  # (model, src, src_padding_mask)
+_decode = partial(edited, ref.Transformer.decode)  # (model, tgt, memory, tgt_padding_mask, src_padding_mask)
+_forward = partial(edited, ref.Transformer.forward)  # (model, src, tgt, src_padding_mask, tgt_padding_mask)
 
 
 EMBEDDED = ("self.embed(", "embed(self, ")  # encode or decode with an ``_embedding`` mistake as ``embed``
@@ -472,67 +416,49 @@ LAYER_NORM = "nn.functional.layer_norm(x, x.shape[-1:])"  # a duplicate norm has
 ENCODE_MISTAKES = [
     Mistake(problem, hint, _encode(EMBEDDED, embed=embedding)) for problem, hint, embedding in EMBEDDING_MISTAKES
 ] + [
-    Mistake(
-        "the encoder layers do not get src_padding_mask: the source's padding is attended to",
-        "call every encoder layer as layer(x, src_padding_mask).",
-        _encode(("layer(x, src_padding_mask)", "layer(x)")),
-    ),
+    Mistake("the encoder layers do not get src_padding_mask: the source's padding is attended to",
+            "call every encoder layer as layer(x, src_padding_mask).",
+            _encode(("layer(x, src_padding_mask)", "layer(x)"))),
     Mistake(*DUPLICATE_NORM, _encode(("return x if", f"return {LAYER_NORM} if"))),
 ]
 DECODER_LAYERS = "layer(x, memory, tgt_padding_mask, src_padding_mask)"
 DECODE_MISTAKES = [
     Mistake(problem, hint, _decode(EMBEDDED, embed=embedding)) for problem, hint, embedding in EMBEDDING_MISTAKES
 ] + [
-    Mistake(
-        "decoder fed the source embeddings: the target tokens were looked up in src_embed",
-        "decode embeds the target tokens with tgt_embed; src_embed belongs to encode.",
-        _decode(("self.embed(tgt, self.tgt_embed)", "self.embed(tgt, self.src_embed)")),
-    ),
+    Mistake("decoder fed the source embeddings: the target tokens were looked up in src_embed",
+            "decode embeds the target tokens with tgt_embed; src_embed belongs to encode.",
+            _decode(("self.embed(tgt, self.tgt_embed)", "self.embed(tgt, self.src_embed)"))),
 ] + [
-    Mistake(
-        "cross-attention attending to the decoder's own states instead of the encoder output: each decoder "
-        "layer was given x as its memory",
-        "call every decoder layer as layer(x, memory, tgt_padding_mask, src_padding_mask).",
-        _decode((DECODER_LAYERS, f"layer(x, x, tgt_padding_mask, {memory_mask})")),
-    )
+    Mistake("cross-attention attending to the decoder's own states instead of the encoder output: each decoder "
+            "layer was given x as its memory",
+            "call every decoder layer as layer(x, memory, tgt_padding_mask, src_padding_mask).",
+            _decode((DECODER_LAYERS, f"layer(x, x, tgt_padding_mask, {memory_mask})")))
     for memory_mask in ("None", "tgt_padding_mask")  # the mask that fits the states given, or none
 ] + [
-    Mistake(
-        "the decoder layers do not get src_padding_mask: the cross-attention attends to the source's padding",
-        "pass src_padding_mask to every decoder layer, as its memory_padding_mask.",
-        _decode((DECODER_LAYERS, "layer(x, memory, tgt_padding_mask, None)")),
-    ),
-    Mistake(
-        "the decoder layers do not get tgt_padding_mask",
-        "pass tgt_padding_mask to every decoder layer.",
-        _decode((DECODER_LAYERS, "layer(x, memory, None, src_padding_mask)")),
-    ),
-    Mistake(
-        *DUPLICATE_NORM,
-        _decode(("self.head(x)", f"self.head(x if self.decoder_norm is not None else {LAYER_NORM})")),
-    ),
+    Mistake("the decoder layers do not get src_padding_mask: the cross-attention attends to the source's padding",
+            "pass src_padding_mask to every decoder layer, as its memory_padding_mask.",
+            _decode((DECODER_LAYERS, "layer(x, memory, tgt_padding_mask, None)"))),
+    Mistake("the decoder layers do not get tgt_padding_mask",
+            "pass tgt_padding_mask to every decoder layer.",
+            _decode((DECODER_LAYERS, "layer(x, memory, None, src_padding_mask)"))),
+    Mistake(*DUPLICATE_NORM,
+            _decode(("self.head(x)", f"self.head(x if self.decoder_norm is not None else {LAYER_NORM})"))),
 ]
 DECODE_CALL = "self.decode(tgt, memory, tgt_padding_mask, src_padding_mask)"
 FORWARD_MISTAKES = [
-    Mistake(
-        "forward passes the padding masks the wrong way round",
-        "the contract's order is forward(src, tgt, src_padding_mask, tgt_padding_mask); encode takes "
-        "src_padding_mask, decode takes (tgt, memory, tgt_padding_mask, src_padding_mask).",
-        # Never computed on the check's cases (S != T: the swapped masks cannot broadcast); the learner's forward
-        # raises instead, and the check's message then asks whether the masks are the wrong way round.
-        _forward((DECODE_CALL, "self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)")),
-    ),
-    Mistake(
-        "forward does not pass src_padding_mask on to decode, so the cross-attention sees the source's padding",
-        "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
-        "src_padding_mask).",
-        _forward((DECODE_CALL, "self.decode(tgt, memory, tgt_padding_mask, None)")),
-    ),
-    Mistake(
-        "forward does not pass src_padding_mask on to encode",
-        "memory = self.encode(src, src_padding_mask).",
-        _forward(("self.encode(src, src_padding_mask)", "self.encode(src)")),
-    ),
+    Mistake("forward passes the padding masks the wrong way round",
+            "the contract's order is forward(src, tgt, src_padding_mask, tgt_padding_mask); encode takes "
+            "src_padding_mask, decode takes (tgt, memory, tgt_padding_mask, src_padding_mask).",
+            # Never computed on the check's cases (S != T: the swapped masks cannot broadcast); the learner's forward
+            # raises instead, and the check's message then asks whether the masks are the wrong way round.
+            _forward((DECODE_CALL, "self.decode(tgt, memory, src_padding_mask, tgt_padding_mask)"))),
+    Mistake("forward does not pass src_padding_mask on to decode, so the cross-attention sees the source's padding",
+            "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
+            "src_padding_mask).",
+            _forward((DECODE_CALL, "self.decode(tgt, memory, tgt_padding_mask, None)"))),
+    Mistake("forward does not pass src_padding_mask on to encode",
+            "memory = self.encode(src, src_padding_mask).",
+            _forward(("self.encode(src, src_padding_mask)", "self.encode(src)"))),
 ]
 
 
@@ -541,26 +467,26 @@ def _expect_model_parameters(name, learner: nn.Module, reference: ref.Transforme
     have = {key for key, _ in learner.named_parameters()}
     want = set(reference.state_dict())
     if not case.norm_first:
-        extra_norms = sorted(k for k in have - want if "norm" in k and not k.startswith(("encoder_layers", "decoder_layers")))
+        layers = ("encoder_layers", "decoder_layers")
+        extra_norms = sorted(k for k in have - want if "norm" in k and not k.startswith(layers))
         if extra_norms:
             fail(name, f"{DUPLICATE_NORM[0]} (your model has {', '.join(extra_norms)})", DUPLICATE_NORM[1])
     elif not any(k.startswith("encoder_norm") for k in have) or not any(k.startswith("decoder_norm") for k in have):
-        fail(
-            name,
-            "a Pre-LN stack (norm_first=True) must end with a final LayerNorm: encoder_norm and decoder_norm "
-            "are missing",
-            "in a Pre-LN layer the last residual sum is never normalised; create encoder_norm = LayerNorm(d_model) "
-            "and decoder_norm = LayerNorm(d_model) when norm_first is True and apply them after the last layer.",
-        )
+        fail(name, "a Pre-LN stack (norm_first=True) must end with a final LayerNorm: "
+             "encoder_norm and decoder_norm are missing",
+             "in a Pre-LN layer the last residual sum is never normalised; create encoder_norm = LayerNorm(d_model) "
+             "and decoder_norm = LayerNorm(d_model) when norm_first is True and apply them after the last layer.")
     copy_weights(name, learner, reference, MODEL_HINT)
 
 
 def _stand_in_states(case: ModelCase, hidden: bool, i: int) -> dict:
     """Random weights for the stand-in encoder and decoder layers of the ``i``-th case's model."""
     states = {}
-    for kind, layer in (("encoder", stand_in_models.StandInEncoderLayer), ("decoder", stand_in_models.StandInDecoderLayer)):
+    for kind, layer in (("encoder", stand_in_models.StandInEncoderLayer),
+                        ("decoder", stand_in_models.StandInDecoderLayer)):
         layers = nn.ModuleList(layer(case.d_model) for _ in range(case.n_layers)).double()
-        states[kind] = randomise(layers, SeededRandom(seed_for("Transformer", hidden, i, f"{kind} layers"))).state_dict()
+        rng = SeededRandom(seed_for("Transformer", hidden, i, f"{kind} layers"))
+        states[kind] = randomise(layers, rng).state_dict()
     return states
 
 
@@ -619,7 +545,7 @@ def check_transformer(Transformer, hidden: bool = False) -> None:
 def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
     src64, tgt64, src_mask64, tgt_mask64 = inputs64
     src, tgt, src_mask, tgt_mask = _to(inputs64, device)
-    B, S, T, V = *src.shape, tgt.size(1), reference.head.out_features
+    B, S, T, V, D = *src.shape, tgt.size(1), reference.head.out_features, reference.d_model
     like = torch.empty(0, dtype=dtype, device=device)
     with torch.no_grad():
         memory64 = reference.encode(src64, src_mask64)
@@ -632,12 +558,10 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
         logits64 = reference.decode(tgt64, memory64, tgt_mask64, src_mask64)
         memory = memory64.to(device=device, dtype=dtype)
         logits = call(f"{name}.decode", model.decode, tgt, memory, tgt_mask, src_mask)
-        if isinstance(logits, torch.Tensor) and tuple(logits.shape) == (B, T, reference.d_model) and V != reference.d_model:
-            fail(
-                f"{name}.decode",
-                f"returns the decoder's states {tuple(logits.shape)}, not the logits (B, T, tgt_vocab) = {(B, T, V)}",
-                "apply the output head: return self.head(x) (after decoder_norm for Pre-LN).",
-            )
+        if isinstance(logits, torch.Tensor) and tuple(logits.shape) == (B, T, D) and V != D:
+            fail(f"{name}.decode",
+                 f"returns the decoder's states {tuple(logits.shape)}, not the logits (B, T, tgt_vocab) = {(B, T, V)}",
+                 "apply the output head: return self.head(x) (after decoder_norm for Pre-LN).")
         expect_tensor(f"{name}.decode", "the logits", logits, logits64.shape, like=like)
         if not close(logits, logits64):
             mistaken = candidates(DECODE_MISTAKES, reference, tgt64, memory64, tgt_mask64, src_mask64)
@@ -648,19 +572,14 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
         except AssertionError as error:
             if "fixed device" in str(error) or isinstance(error, ChangedInput):
                 raise
-            fail(
-                name,
-                f"{str(error).removeprefix(name + ': ')}\nencode and decode work on their own, so look at how forward "
-                "calls them: are the padding masks passed the wrong way round?",
-                "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
-                "src_padding_mask).",
-            )
+            fail(name,
+                 f"{str(error).removeprefix(name + ': ')}\nencode and decode work on their own, so look at how forward "
+                 "calls them: are the padding masks passed the wrong way round?",
+                 "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
+                 "src_padding_mask).")
         if isinstance(logits, torch.Tensor) and tuple(logits.shape) == (B, S, V) and S != T:
-            fail(
-                name,
-                f"the logits have the source's length {S}, not the target's {T}: the decoder was fed the source",
-                "forward encodes src and decodes tgt: self.decode(tgt, self.encode(src, ...), ...).",
-            )
+            fail(name, f"the logits have the source's length {S}, not the target's {T}: the decoder was fed the source",
+                 "forward encodes src and decodes tgt: self.decode(tgt, self.encode(src, ...), ...).")
         expect_tensor(name, "the logits", logits, logits64.shape, like=like)
         if not close(logits, logits64):
             mistaken = candidates(FORWARD_MISTAKES, reference, src64, tgt64, src_mask64, tgt_mask64)
@@ -679,31 +598,23 @@ def _expect_properties(name, model: nn.Module, inputs64, seed: int) -> None:
             changed = tgt.clone()
             changed[:, t:] = torch.randint(vocab_tgt, changed[:, t:].shape, generator=rng.generator)
             if not close(call(name, model, src, changed)[:, :t], logits[:, :t]):
-                fail(
-                    name,
-                    f"the decoder can see the future: changing the target tokens from position {t} on changed "
-                    f"the logits at positions before {t}",
-                    "in DecoderLayer, combine causal_mask(T, device=x.device) with the target padding mask for "
-                    "the self-attention (decoder self-attention without the causal mask).",
-                )
+                fail(name, f"the decoder can see the future: changing the target tokens from position {t} on changed "
+                     f"the logits at positions before {t}",
+                     "in DecoderLayer, combine causal_mask(T, device=x.device) with the target padding mask for "
+                     "the self-attention (decoder self-attention without the causal mask).")
         logits = call(name, model, src, tgt, src_mask, tgt_mask)
         repadded = torch.where(src_mask, src, torch.randint(vocab_src, src.shape, generator=rng.generator))
         if not close(call(name, model, repadded, tgt, src_mask, tgt_mask), logits):
-            fail(
-                name,
-                "changing the source's padding tokens changed the logits: the padding is not hidden from attention",
-                "pass src_padding_mask to every EncoderLayer and, as memory_padding_mask, to every DecoderLayer "
-                "(the cross-attention needs the source padding mask too).",
-            )
+            fail(name,
+                 "changing the source's padding tokens changed the logits: the padding is not hidden from attention",
+                 "pass src_padding_mask to every EncoderLayer and, as memory_padding_mask, to every DecoderLayer "
+                 "(the cross-attention needs the source padding mask too).")
         order = torch.randperm(src.size(0), generator=rng.generator)
         permuted = call(name, model, src[order], tgt[order], src_mask[order], tgt_mask[order])
         if not close(permuted, logits[order]):
-            fail(
-                name,
-                "the logits of a sequence depend on its place in the batch",
-                "nothing may be indexed by the batch axis: the positional encoding is indexed by position, "
-                "pe[:T] with T = tokens.size(1).",
-            )
+            fail(name, "the logits of a sequence depend on its place in the batch",
+                 "nothing may be indexed by the batch axis: the positional encoding is indexed by position, "
+                 "pe[:T] with T = tokens.size(1).")
 
 
 # The "can it learn" check: trained on one fixed batch of reversals, the model must then reverse strings it
@@ -728,19 +639,18 @@ def _expect_it_learns(name, Transformer, seed: int, norm_first: bool) -> None:
         src, tgt = to_batch(trained, "reverse")
         run = _train(name, model, src, tgt)
         losses = run.get("losses") if isinstance(run, dict) else None
-        losses = losses if isinstance(losses, list) and losses and all(isinstance(x, float) for x in losses) else [math.nan]
+        if not (isinstance(losses, list) and losses and all(isinstance(x, float) for x in losses)):
+            losses = [math.nan]
         _note_the_training_run(name, model, run, losses)
         fresh = _fresh_strings(rng, {tuple(digits) for digits in trained})
         right = _reversed_correctly(name, model.eval(), *to_batch(fresh, "reverse"))
     if right < FRESH_RIGHT:
-        fail(
-            name,
-            f"cannot learn: trained on one fixed batch of {LEARN_BATCH} reversals (up to {LEARN_STEPS} Adam steps, "
-            f"the loss went from {losses[0]:.3f} to {losses[-1]:.3f}), it then reversed {right} of {FRESH} strings it "
-            f"was never shown, and {FRESH_RIGHT} are needed (the reference, trained the same way, reverses about 30)",
-            "the numbers matched the reference with stand-in layers, so look at your own EncoderLayer and "
-            "DecoderLayer, and at anything that stops gradients (.detach(), torch.no_grad, .item()).",
-        )
+        fail(name,
+             f"cannot learn: trained on one fixed batch of {LEARN_BATCH} reversals (up to {LEARN_STEPS} Adam steps, "
+             f"the loss went from {losses[0]:.3f} to {losses[-1]:.3f}), it then reversed {right} of {FRESH} strings it "
+             f"was never shown, and {FRESH_RIGHT} are needed (the reference, trained the same way, reverses about 30)",
+             "the numbers matched the reference with stand-in layers, so look at your own EncoderLayer and "
+             "DecoderLayer, and at anything that stops gradients (.detach(), torch.no_grad, .item()).")
 
 
 def _train(name, model, src: torch.Tensor, tgt: torch.Tensor):
@@ -758,21 +668,20 @@ def _note_the_training_run(name, model, run, losses: list[float]) -> None:
     """What the training run in the kernel reported about itself (``kernel_reported``)."""
     unused = run.get("unused") if isinstance(run, dict) else None
     if unused:
-        kernel_reported(
-            name,
-            model,
-            f"the parameters {', '.join(map(str, unused[:4]))} get no gradient: forward never uses them",
-            "every submodule the notebook names must take part in forward (and nothing be detached).",
-        )
+        kernel_reported(name, model,
+                        f"the parameters {', '.join(map(str, unused[:4]))} get no gradient: forward never uses them",
+                        "every submodule the notebook names must take part in forward (and nothing be detached).")
     if not math.isfinite(losses[-1]):
-        kernel_reported(name, model, f"training on a fixed batch, the loss became {losses[-1]} at step {len(losses) - 1}")
+        kernel_reported(name, model,
+                        f"training on a fixed batch, the loss became {losses[-1]} at step {len(losses) - 1}")
 
 
 def _fresh_strings(rng: torch.Generator, trained: set[tuple[int, ...]]) -> list[list[int]]:
     """``FRESH`` strings of digits, none of them among those the model was trained on."""
     fresh: list[list[int]] = []
     while len(fresh) < FRESH:
-        fresh += [d for d in random_digits(rng, FRESH, *LEARN_LENGTHS) if tuple(d) not in trained][: FRESH - len(fresh)]
+        drawn = random_digits(rng, FRESH, *LEARN_LENGTHS)
+        fresh += [d for d in drawn if tuple(d) not in trained][: FRESH - len(fresh)]
     return fresh
 
 
@@ -805,7 +714,8 @@ HIDDEN_DATA = [DataCase(5, 1, 7), DataCase(2, 3, 4), DataCase(6, 1, 3)]
 
 def _stand_in_model(vocab: int, d_model: int, seed: int) -> nn.Module:
     """A float64 stand-in model with random weights (its weights are what crosses to the learner's side)."""
-    return stand_in_models.stand_in_model(randomise(stand_in_models.StandInModel(vocab, d_model).double(), SeededRandom(seed)).state_dict())
+    model = randomise(stand_in_models.StandInModel(vocab, d_model).double(), SeededRandom(seed))
+    return stand_in_models.stand_in_model(model.state_dict())
 
 
 def _loss_case(case: DataCase, hidden: bool, i: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -825,40 +735,28 @@ def _loss(*changes: tuple[str, str]):
 SHIFTED = "decoder_input, labels = tgt[:, :-1], tgt[:, 1:]"
 CROSS_ENTROPY = "nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad_id)"
 LOSS_MISTAKES = [
-    Mistake(
-        "targets not shifted right for teacher forcing: the decoder reads the very token it must predict",
-        "the decoder reads tgt[:, :-1] (starting with BOS) and is scored on tgt[:, 1:]: at position t it has "
-        "seen tokens 0 .. t and predicts token t + 1.",
-        _loss((SHIFTED, "decoder_input, labels = tgt, tgt")),
-    ),
-    Mistake(
-        "targets not shifted right for teacher forcing: the labels are tgt[:, :-1], the same tokens the decoder "
-        "reads, so the model is asked to copy what it sees",
-        "the labels are the next tokens: tgt[:, 1:].",
-        _loss((SHIFTED, "decoder_input, labels = tgt[:, :-1], tgt[:, :-1]")),
-    ),
-    Mistake(
-        "the shift goes the wrong way: the decoder reads tgt[:, 1:] and is scored on tgt[:, :-1]",
-        "decoder input tgt[:, :-1], labels tgt[:, 1:].",
-        _loss((SHIFTED, "decoder_input, labels = tgt[:, 1:], tgt[:, :-1]")),
-    ),
-    Mistake(
-        "the padding positions are counted in the loss",
-        "pass ignore_index=pad_id to F.cross_entropy, so that padded labels count for nothing.",
-        _loss((", ignore_index=pad_id)", ")")),
-    ),
-    Mistake(
-        "the source padding mask is not passed to the model, so it attends to the source's padding",
-        "call model(src, decoder_input, src != pad_id, decoder_input != pad_id).",
-        _loss(("model(src, decoder_input, src != pad_id,", "model(src, decoder_input, None,")),
-    ),
-    Mistake(
-        "the loss is averaged per sequence, then over the batch: short sequences weigh as much as long ones",
-        "take the mean over all real target tokens of the batch (F.cross_entropy's default with ignore_index).",
-        # reduction="none" gives the ignored labels a loss of 0: each row's sum is over its real tokens
-        _loss((CROSS_ENTROPY, '(nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad_id, '
-                              'reduction="none").sum(1) / (labels != pad_id).sum(1)).mean()')),
-    ),
+    Mistake("targets not shifted right for teacher forcing: the decoder reads the very token it must predict",
+            "the decoder reads tgt[:, :-1] (starting with BOS) and is scored on tgt[:, 1:]: at position t it has "
+            "seen tokens 0 .. t and predicts token t + 1.",
+            _loss((SHIFTED, "decoder_input, labels = tgt, tgt"))),
+    Mistake("targets not shifted right for teacher forcing: the labels are tgt[:, :-1], the same tokens the decoder "
+            "reads, so the model is asked to copy what it sees",
+            "the labels are the next tokens: tgt[:, 1:].",
+            _loss((SHIFTED, "decoder_input, labels = tgt[:, :-1], tgt[:, :-1]"))),
+    Mistake("the shift goes the wrong way: the decoder reads tgt[:, 1:] and is scored on tgt[:, :-1]",
+            "decoder input tgt[:, :-1], labels tgt[:, 1:].",
+            _loss((SHIFTED, "decoder_input, labels = tgt[:, 1:], tgt[:, :-1]"))),
+    Mistake("the padding positions are counted in the loss",
+            "pass ignore_index=pad_id to F.cross_entropy, so that padded labels count for nothing.",
+            _loss((", ignore_index=pad_id)", ")"))),
+    Mistake("the source padding mask is not passed to the model, so it attends to the source's padding",
+            "call model(src, decoder_input, src != pad_id, decoder_input != pad_id).",
+            _loss(("model(src, decoder_input, src != pad_id,", "model(src, decoder_input, None,"))),
+    Mistake("the loss is averaged per sequence, then over the batch: short sequences weigh as much as long ones",
+            "take the mean over all real target tokens of the batch (F.cross_entropy's default with ignore_index).",
+            # reduction="none" gives the ignored labels a loss of 0: each row's sum is over its real tokens
+            _loss((CROSS_ENTROPY, '(nn.functional.cross_entropy(logits.transpose(1, 2), labels, ignore_index=pad_id, '
+                                  'reduction="none").sum(1) / (labels != pad_id).sum(1)).mean()'))),
 ]
 
 
@@ -876,11 +774,8 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
         loss = call(name, teacher_forcing_loss, model, src64.to(device), tgt64.to(device), PAD)
         expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
         if not loss.requires_grad:
-            fail(
-                name,
-                "the loss is detached from the model: nothing could be trained with it",
-                "return the tensor itself: no .item(), .detach() or torch.no_grad().",
-            )
+            fail(name, "the loss is detached from the model: nothing could be trained with it",
+                 "return the tensor itself: no .item(), .detach() or torch.no_grad().")
         loss = loss.detach()
         if not close(loss, expected):
             name_the_mistake(name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, src64, tgt64))
@@ -926,38 +821,29 @@ def decode_inputs(case: DecodeCase):
     """Source token ids (B, S) and their padding mask (B, S)."""
     rng = SeededRandom(case.seed)
     src = torch.randint(3, 13, (case.batch, case.src_len), generator=rng.generator)
-    return src, padding_mask(_lengths(rng, case.batch, case.src_len), case.src_len)
+    return src, _padding_mask(rng, case.batch, case.src_len)
 
 
-def _greedy(*changes: tuple[str, str]):
-    """The reference's greedy_decode with ``changes`` made to its source (``edited``): a mistake (with no
-    change, the reference's decoding itself)."""
-    return edited(ref.greedy_decode, *changes)
+# The reference's greedy_decode with ``changes`` made to its source (``edited``): a mistake (with no change, the
+# reference's decoding itself).
+_greedy = partial(edited, ref.greedy_decode)
 
 
 GREEDY_MISTAKES = [
-    Mistake(
-        "after a sequence emitted eos_id it kept generating tokens; it should be padded with eos_id",
-        "keep a (B,) bool tensor `done`; once a sequence is done, append eos_id to it instead of its argmax.",
-        _greedy(("next_token = torch.where(done, eos_id, next_token)", "")),
-    ),
-    Mistake(
-        "decoding stopped as soon as one sequence ended; it must go on until every sequence has emitted eos_id",
-        "stop when done.all() (or at max_len), not done.any().",
-        _greedy(("not done.all()", "not done.any()")),
-    ),
-    Mistake(
-        "the next token is read from the logits at the first position; it is the last position that predicts "
-        "the token after the prefix",
-        "next_token = logits[:, -1].argmax(dim=-1).",
-        _greedy(("logits[:, -1]", "logits[:, 0]")),
-    ),
-    Mistake(
-        "src_padding_mask is not used: the decoding attends to the source's padding",
-        "pass src_padding_mask to model.encode and to every model.decode call.",
-        _greedy(("model.encode(src, src_padding_mask)", "model.encode(src)"),
-                ("model.decode(ys, memory, src_padding_mask=src_padding_mask)", "model.decode(ys, memory)")),
-    ),
+    Mistake("after a sequence emitted eos_id it kept generating tokens; it should be padded with eos_id",
+            "keep a (B,) bool tensor `done`; once a sequence is done, append eos_id to it instead of its argmax.",
+            _greedy(("next_token = torch.where(done, eos_id, next_token)", ""))),
+    Mistake("decoding stopped as soon as one sequence ended; it must go on until every sequence has emitted eos_id",
+            "stop when done.all() (or at max_len), not done.any().",
+            _greedy(("not done.all()", "not done.any()"))),
+    Mistake("the next token is read from the logits at the first position; it is the last position that predicts "
+            "the token after the prefix",
+            "next_token = logits[:, -1].argmax(dim=-1).",
+            _greedy(("logits[:, -1]", "logits[:, 0]"))),
+    Mistake("src_padding_mask is not used: the decoding attends to the source's padding",
+            "pass src_padding_mask to model.encode and to every model.decode call.",
+            _greedy(("model.encode(src, src_padding_mask)", "model.encode(src)"),
+                    ("model.decode(ys, memory, src_padding_mask=src_padding_mask)", "model.decode(ys, memory)"))),
 ]
 
 
@@ -987,11 +873,9 @@ def _expect_decoded(name, out, expected, case: DecodeCase, device, reference, sr
     if out.dim() != 2 or out.size(0) != case.batch:
         fail(name, f"returns shape {tuple(out.shape)}; expected (B, L) = ({case.batch}, L) with L <= max_len")
     if out.size(1) > case.max_len:
-        fail(
-            name,
-            f"returns {out.size(1)} tokens per sequence with max_len={case.max_len}: max_len counts the bos_id too",
-            "stop when the output (bos_id included) has max_len tokens.",
-        )
+        fail(name,
+             f"returns {out.size(1)} tokens per sequence with max_len={case.max_len}: max_len counts the bos_id too",
+             "stop when the output (bos_id included) has max_len tokens.")
     out = out.cpu()
     if not (out[:, 0] == case.bos).all():
         fail(name, f"the output does not start with bos_id={case.bos}: got {out[:, 0].tolist()}")
