@@ -36,16 +36,15 @@ implementation per entry):
 Module checks load the reference's random weights by name. Each exercise is graded on its own where it can
 be: the block check lends PyTorch's RMSNorm as the block's norms and the course's RoPE as the
 ``apply_rotary`` its code calls; the GPT check runs every case with stand-in blocks (``stand_in_models``) and
-PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model; the loaders load into a stand-in with a GPT's parameters
-(``stand_in_models.load_target``), whose weights the check reads back and judges by a reference GPT's logits. Sampling
-is reproducible because the exercise fixes how a token is drawn: ``torch.multinomial(probs, 1,
-generator=generator)`` on the final probabilities.
+PyTorch's RMSNorm in place of the learner's; the loss and sampling checks drive a stand-in model; the loaders
+load into a stand-in with a GPT's parameters (``stand_in_models.load_target``), whose weights the check reads
+back and judges by a reference GPT's logits. Sampling is reproducible because the exercise fixes how a token
+is drawn: ``torch.multinomial(probs, 1, generator=generator)`` on the final probabilities.
 """
 
 import copy
 import functools
 import inspect
-import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -101,43 +100,30 @@ def _norm(*changes: tuple[str, str]):
 
 
 NORM_MISTAKES = [
-    Mistake(
-        "RMSNorm subtracts the mean: that is LayerNorm (without its bias); RMSNorm only divides by the root mean square",
-        "x / sqrt(mean(x**2, dim=-1) + eps) * weight: no x - mean.",
-        _norm(("x.pow(2)", "(x - x.mean(dim=-1, keepdim=True)).pow(2)"),
-              ("return x / rms", "return (x - x.mean(dim=-1, keepdim=True)) / rms")),
-    ),
-    Mistake(
-        "eps is added outside the square root: x / (sqrt(mean(x**2)) + eps)",
-        "the formula is x / sqrt(mean(x**2) + eps).",
-        _norm(("torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
-               "x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps")),
-    ),
-    Mistake(
-        "the output is not scaled by the learnable weight",
-        "multiply the normalised x by self.weight.",
-        _norm((" * self.weight", "")),
-    ),
-    Mistake(
-        "eps is left out: x / sqrt(mean(x**2)); eps keeps the division safe when a row is close to zero",
-        "x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.",
-        _norm((" + self.eps", "")),
-    ),
-    Mistake(
-        "the root of the sum of squares, not of their mean: x / sqrt(sum(x**2) + eps)",
-        "mean over the last axis: x.pow(2).mean(dim=-1, keepdim=True).",
-        _norm(("x.pow(2).mean(", "x.pow(2).sum(")),
-    ),
-    Mistake(
-        "the mean square is taken over the whole tensor, not over each row's last axis",
-        "x.pow(2).mean(dim=-1, keepdim=True): one root mean square per token.",
-        _norm(("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).mean()")),
-    ),
-    Mistake(
-        "RMSNorm ignores its eps argument and uses 1e-6",
-        "store eps in __init__ (self.eps = eps) and use it in forward.",
-        _norm(("self.eps", "1e-6")),
-    ),
+    Mistake("RMSNorm subtracts the mean: that is LayerNorm (without its bias); RMSNorm only divides by the root "
+            "mean square",
+            "x / sqrt(mean(x**2, dim=-1) + eps) * weight: no x - mean.",
+            _norm(("x.pow(2)", "(x - x.mean(dim=-1, keepdim=True)).pow(2)"),
+                  ("return x / rms", "return (x - x.mean(dim=-1, keepdim=True)) / rms"))),
+    Mistake("eps is added outside the square root: x / (sqrt(mean(x**2)) + eps)",
+            "the formula is x / sqrt(mean(x**2) + eps).",
+            _norm(("torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)",
+                   "x.pow(2).mean(dim=-1, keepdim=True).sqrt() + self.eps"))),
+    Mistake("the output is not scaled by the learnable weight",
+            "multiply the normalised x by self.weight.",
+            _norm((" * self.weight", ""))),
+    Mistake("eps is left out: x / sqrt(mean(x**2)); eps keeps the division safe when a row is close to zero",
+            "x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.weight.",
+            _norm((" + self.eps", ""))),
+    Mistake("the root of the sum of squares, not of their mean: x / sqrt(sum(x**2) + eps)",
+            "mean over the last axis: x.pow(2).mean(dim=-1, keepdim=True).",
+            _norm(("x.pow(2).mean(", "x.pow(2).sum("))),
+    Mistake("the mean square is taken over the whole tensor, not over each row's last axis",
+            "x.pow(2).mean(dim=-1, keepdim=True): one root mean square per token.",
+            _norm(("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).mean()"))),
+    Mistake("RMSNorm ignores its eps argument and uses 1e-6",
+            "store eps in __init__ (self.eps = eps) and use it in forward.",
+            _norm(("self.eps", "1e-6"))),
 ]
 
 
@@ -145,7 +131,8 @@ def _norm_inputs(i: int, case: NormCase, hidden: bool) -> tuple[ref.RMSNorm, tor
     """Case ``i``'s reference RMSNorm (random weights), input x and upstream gradient, float64 on the CPU."""
     seed = functools.partial(seed_for, "RMSNorm", hidden, i)
     reference = randomise(ref.RMSNorm(case.shape[-1], case.eps).double(), SeededRandom(seed("weights")))
-    return reference, SeededRandom(seed()).randn(*case.shape) * case.scale, SeededRandom(seed("upstream")).randn(*case.shape)
+    x = SeededRandom(seed()).randn(*case.shape) * case.scale
+    return reference, x, SeededRandom(seed("upstream")).randn(*case.shape)
 
 
 def check_rms_norm(RMSNorm, hidden: bool = False) -> None:
@@ -224,57 +211,45 @@ def _rotary_inputs(i: int, case: RotaryCase, hidden: bool) -> tuple[torch.Tensor
     return x, torch.arange(case.start, case.start + case.length)
 
 
-def _rotary(*changes: tuple[str, str]):
-    """The reference's apply_rotary with ``changes`` made to its source (``edited``): a mistake."""
-    return edited(ref.apply_rotary, *changes)
-
-
+# A mistake: the reference's apply_rotary with (old, new) changes made to its source (``edited``).
+_rotary = functools.partial(edited, ref.apply_rotary)
 INTERLEAVED = _rotary(("x[..., :half], x[..., half:]", "x[..., 0::2], x[..., 1::2]"),
                       ("torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)",
                        "torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)"))
 ROTARY_MISTAKES = [
-    Mistake(
-        f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), as the RoPE paper and Meta's LLaMA code "
-        f"pair them; {HALF_SPLIT}",
-        "rotate (x1, x2) with x1 = x[..., :d_k // 2] and x2 = x[..., d_k // 2:], and concatenate the two results.",
-        INTERLEAVED,
-    ),
-    Mistake(
-        "RoPE turns the pairs the wrong way (the sines have the wrong sign)",
-        "(x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin).",
-        _rotary(("angle.sin().to(x.dtype)", "-angle.sin().to(x.dtype)")),
-    ),
-    Mistake(
-        "the positions argument is ignored: the tokens are rotated as if they were at 0, 1, 2, ... (positions "
-        "restarting at 0, which breaks every token after a cache)",
-        "use the positions you are given: angle = positions[:, None] * theta.",
-        _rotary(("positions.to(torch.float64)", "torch.arange(x.size(-2), dtype=torch.float64)")),
-    ),
-    Mistake(
-        "only the first position is used: the tokens are rotated as if they were at positions[0], positions[0] + 1, "
-        "...; the positions given need not be consecutive",
-        "use every position you are given: angle = positions[:, None] * theta.",
-        _rotary(("positions.to(torch.float64)", "(positions[0] + torch.arange(x.size(-2))).to(torch.float64)")),
-    ),
-    Mistake(
-        "the base argument is ignored: the frequencies use 10000 whatever base is given",
-        "theta = base ** (-torch.arange(0, d_k, 2) / d_k), with the base you are given.",
-        _rotary(("theta = base **", "theta = 10000.0 **")),
-    ),
-    Mistake(
-        "the angles are laid out for neighbouring pairs (each repeated twice in a row, repeat_interleave) while the "
-        "features are paired half-split: features i and i + d_k/2 must turn by the same angle",
-        "repeat the angles over the two halves, torch.cat([angle, angle], dim=-1), as Hugging Face's rotate_half "
-        "form does.",
-        _rotary(("angle.cos().to(x.dtype), angle.sin().to(x.dtype)",
-                 "angle.repeat_interleave(2, dim=-1).cos().to(x.dtype), angle.repeat_interleave(2, dim=-1).sin().to(x.dtype)"),
-                ("torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)", "x * cos + torch.cat([-x2, x1], dim=-1) * sin")),
-    ),
-    Mistake(
-        "the frequencies use the feature index i instead of 2i: theta_i = base^(-i/d_k), where RoPE's is base^(-2i/d_k)",
-        "theta = base ** (-torch.arange(0, d_k, 2) / d_k), one frequency per pair.",
-        _rotary(("* 2 / x.size(-1)", "/ x.size(-1)")),
-    ),
+    Mistake(f"RoPE rotates the wrong pairs: neighbouring features (2i, 2i + 1), as the RoPE paper and Meta's LLaMA "
+            f"code pair them; {HALF_SPLIT}",
+            "rotate (x1, x2) with x1 = x[..., :d_k // 2] and x2 = x[..., d_k // 2:], and concatenate the two "
+            "results.",
+            INTERLEAVED),
+    Mistake("RoPE turns the pairs the wrong way (the sines have the wrong sign)",
+            "(x1, x2) -> (x1·cos - x2·sin, x2·cos + x1·sin).",
+            _rotary(("angle.sin().to(x.dtype)", "-angle.sin().to(x.dtype)"))),
+    Mistake("the positions argument is ignored: the tokens are rotated as if they were at 0, 1, 2, ... (positions "
+            "restarting at 0, which breaks every token after a cache)",
+            "use the positions you are given: angle = positions[:, None] * theta.",
+            _rotary(("positions.to(torch.float64)", "torch.arange(x.size(-2), dtype=torch.float64)"))),
+    Mistake("only the first position is used: the tokens are rotated as if they were at positions[0], "
+            "positions[0] + 1, ...; the positions given need not be consecutive",
+            "use every position you are given: angle = positions[:, None] * theta.",
+            _rotary(("positions.to(torch.float64)", "(positions[0] + torch.arange(x.size(-2))).to(torch.float64)"))),
+    Mistake("the base argument is ignored: the frequencies use 10000 whatever base is given",
+            "theta = base ** (-torch.arange(0, d_k, 2) / d_k), with the base you are given.",
+            _rotary(("theta = base **", "theta = 10000.0 **"))),
+    Mistake("the angles are laid out for neighbouring pairs (each repeated twice in a row, repeat_interleave) while "
+            "the features are paired half-split: features i and i + d_k/2 must turn by the same angle",
+            "repeat the angles over the two halves, torch.cat([angle, angle], dim=-1), as Hugging Face's "
+            "rotate_half form does.",
+            _rotary(("angle.cos().to(x.dtype), angle.sin().to(x.dtype)",
+                     "angle.repeat_interleave(2, dim=-1).cos().to(x.dtype), "
+                     "angle.repeat_interleave(2, dim=-1).sin().to(x.dtype)"),
+                    ("torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)",
+                     "x * cos + torch.cat([-x2, x1], dim=-1) * sin"))),
+    Mistake("the frequencies use the feature index i instead of 2i: theta_i = base^(-i/d_k), where RoPE's is "
+            "base^(-2i/d_k)",
+
+            "theta = base ** (-torch.arange(0, d_k, 2) / d_k), one frequency per pair.",
+            _rotary(("* 2 / x.size(-1)", "/ x.size(-1)"))),
 ]
 
 
@@ -289,7 +264,9 @@ def check_apply_rotary(apply_rotary, hidden: bool = False) -> None:
         expected = ref.apply_rotary(x64, positions, case.base)
         base = {} if case.base == 10000.0 else {"base": case.base}
         with default_dtype(dtype):
-            out = output_like_input(name, apply_rotary, x64.to(device=device, dtype=dtype), positions.to(device), **base)
+            x = x64.to(device=device, dtype=dtype)
+            out = output_like_input(name, apply_rotary, x, positions.to(device), **base)
+
         if not close(out, expected):
             name_the_mistake(name, f"the rotated tensor (base={case.base:g})", out, expected,
                              candidates(ROTARY_MISTAKES, x64, positions, case.base))
@@ -335,124 +312,90 @@ VISIBLE_BLOCK = [BlockCase(2, 5, 0, 8, 2, 12), BlockCase(3, 2, 4, 12, 3, 20), Bl
 HIDDEN_BLOCK = [BlockCase(3, 6, 0, 16, 4, 24), BlockCase(2, 3, 5, 12, 2, 16, eps=0.1), BlockCase(4, 1, 3, 8, 1, 8),
                 BlockCase(1, 4, 7, 12, 3, 28, eps=1e-3), BlockCase(2, 5, 0, 24, 6, 32, n_kv_heads=3),
                 BlockCase(3, 2, 4, 24, 6, 16, eps=0.05, n_kv_heads=2), BlockCase(2, 3, 2, 16, 4, 12, n_kv_heads=1)]
-BLOCK_HINT = (
-    "the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model, eps)), w_q and w_o "
-    "(nn.Linear(d_model, d_model, bias=False)), w_k and w_v (nn.Linear(d_model, n_kv_heads * d_k, bias=False): "
-    "n_kv_heads key and value heads, n_heads when not given), w_gate and w_up (nn.Linear(d_model, d_ff, "
-    "bias=False)) and w_down (nn.Linear(d_ff, d_model, bias=False))."
-)
-CACHE_AXIS = (
-    "the cache is appended on the wrong axis: keys and values grow along time, axis 2 of (B, h, T, d_k)",
-    "k = torch.cat([cache[0], k], dim=2), and the same for v.",
-)
-CACHE_REPEATED = (
-    "the cache holds the key and value heads repeated for every query head: it must keep the n_kv_heads heads "
-    "the projections made, which is what makes grouped-query attention's cache smaller",
-    "cache k and v as (B, n_kv_heads, T_past + T, d_k), and repeat them for the query heads only for the "
-    "product (k.repeat_interleave(n_heads // n_kv_heads, dim=1)).",
-)
-CACHE_ONLY_NEW = (
-    "the cache returned holds only the new tokens' keys and values: it must hold every token's so far",
-    "append the new k and v to the cached ones (torch.cat([cache[0], k], dim=2)) and return the result.",
-)
+BLOCK_HINT = ("the notebook names the submodules attn_norm and ffn_norm (RMSNorm(d_model, eps)), w_q and w_o "
+              "(nn.Linear(d_model, d_model, bias=False)), w_k and w_v (nn.Linear(d_model, n_kv_heads * d_k, "
+              "bias=False): n_kv_heads key and value heads, n_heads when not given), w_gate and w_up "
+              "(nn.Linear(d_model, d_ff, bias=False)) and w_down (nn.Linear(d_ff, d_model, bias=False)).")
+CACHE_AXIS = ("the cache is appended on the wrong axis: keys and values grow along time, axis 2 of (B, h, T, d_k)",
+              "k = torch.cat([cache[0], k], dim=2), and the same for v.")
+CACHE_REPEATED = ("the cache holds the key and value heads repeated for every query head: it must keep the "
+                  "n_kv_heads heads the projections made, which is what makes grouped-query attention's cache smaller",
+                  "cache k and v as (B, n_kv_heads, T_past + T, d_k), and repeat them for the query heads only for "
+                  "the product (k.repeat_interleave(n_heads // n_kv_heads, dim=1)).")
+CACHE_ONLY_NEW = ("the cache returned holds only the new tokens' keys and values: it must hold every token's so far",
+                  "append the new k and v to the cached ones (torch.cat([cache[0], k], dim=2)) and return the "
+                  "result.")
 BLOCK_STAND_IN_NOTE = (" (this comparison runs your DecoderBlock with PyTorch's nn.RMSNorm as attn_norm and "
                        "ffn_norm, and the course's RoPE as the apply_rotary it calls, so the difference comes from "
                        "the block itself)")
-ONLY_WITH_A_CACHE = (
-    "It fails only when given cached tokens (with an empty cache it runs): with T_past cached tokens there are "
-    "T_past + T keys for T queries, so the scores are (T, T_past + T), and a mask or a shape that assumes T keys "
-    "breaks.",
-    "build the mask for T queries against T_past + T keys (query t sees keys 0 .. T_past + t) and append the "
-    "cache along time: k = torch.cat([cache[0], k], dim=2).",
-)
+ONLY_WITH_A_CACHE = ("It fails only when given cached tokens (with an empty cache it runs): with T_past cached tokens "
+                     "there are T_past + T keys for T queries, so the scores are (T, T_past + T), and a mask or a "
+                     "shape that assumes T keys breaks.",
+                     "build the mask for T queries against T_past + T keys (query t sees keys 0 .. T_past + t) and "
+                     "append the cache along time: k = torch.cat([cache[0], k], dim=2).")
 
 
-def _block(*changes: tuple[str, str], **names):
-    """The reference block's forward with ``changes`` made to its source and ``names`` in place of the
-    module's (``edited``), called (block, x, positions, cache): a mistake."""
-    return edited(ref.DecoderBlock.forward, *changes, **names)
-
-
+# A mistake: the reference block's forward with (old, new) changes made to its source and names given by keyword
+# in place of the module's (``edited``), called (block, x, positions, cache).
+_block = functools.partial(edited, ref.DecoderBlock.forward)
 ROTATED = "q, k = apply_rotary(q, positions), apply_rotary(k, positions)"
 ATTENDED = "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v, mask)"
 SHARED = "shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)"
 RESIDUAL = "x = x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1))"
 FFN_OUT = "return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h)), (k, v)"
 BLOCK_MISTAKES = [
-    Mistake(
-        f"RoPE rotates the wrong pairs: interleaved (2i, 2i + 1) instead of the course's half-split; {HALF_SPLIT}",
-        "use your apply_rotary (half-split) on q and k.",
-        _block(apply_rotary=INTERLEAVED),
-    ),
-    Mistake(
-        "RoPE is applied to v too: only the queries and keys are rotated (positions belong in the scores, not in "
-        "what is averaged)",
-        "q, k = apply_rotary(q, positions), apply_rotary(k, positions); leave v as it is.",
-        _block((ROTATED, ROTATED + "; v = apply_rotary(v, positions)")),
-    ),
-    Mistake(
-        "RoPE is applied to q only: the keys must be rotated too, or the scores do not depend on the offset",
-        "k = apply_rotary(k, positions), before it goes into the cache.",
-        _block((ROTATED, "q = apply_rotary(q, positions)")),
-    ),
-    Mistake(
-        "positions restarting at 0 for cached tokens: the new tokens are rotated as if they were at 0, 1, ... "
-        "instead of at the positions given",
-        "rotate with the positions argument (T_past, T_past + 1, ... after a cache), not torch.arange(T).",
-        _block((ROTATED, "q, k = apply_rotary(q, torch.arange(T)), apply_rotary(k, torch.arange(T))")),
-    ),
-    Mistake(
-        "the causal mask ignores the cached tokens: it is a (T, T) triangle placed over the first keys, so the "
-        "new tokens cannot see most of the cache",
-        "the new tokens are the last T of T_past + T keys: token t may see keys 0 .. T_past + t.",
-        _block(("mask = torch.arange(k.size(2), device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]",
-                "mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril()")),
-    ),
-    Mistake(
-        "no causal mask: each token sees the tokens after it",
-        "mask the scores so that token t attends to keys 0 .. T_past + t only.",
-        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v)")),
-    ),
-    Mistake(
-        "the FFN's gate and up projections are swapped: silu goes on w_gate's output, which multiplies w_up's",
-        "w_down(F.silu(w_gate(h)) * w_up(h)).",
-        _block(("F.silu(self.w_gate(h)) * self.w_up(h)", "F.silu(self.w_up(h)) * self.w_gate(h)")),
-    ),
-    Mistake(
-        "RoPE is applied before the heads are split: to (B, T, d_model), with d_model/2 frequencies across all "
-        "the heads, where each head's (B, h, T, d_k) queries and keys are rotated on their own d_k features",
-        "split the heads first (view and transpose to (B, h, T, d_k)), then apply_rotary(q, positions) and "
-        "apply_rotary(k, positions).",
-        _block((ROTATED, "q, k = q, k"), ("self.w_q(h).view(", "apply_rotary(self.w_q(h), positions).view("),
-               ("self.w_k(h).view(", "apply_rotary(self.w_k(h), positions).view(")),
-    ),
-    Mistake(
-        "the scores are not scaled by 1/sqrt(d_k)",
-        "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k), with d_k the size of one head.",
-        _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q * math.sqrt(self.d_k), shared_k, shared_v, mask)")),
-    ),
-    Mistake(
-        "the key and value heads are repeated along the wrong axis: query head j must read KV head "
-        "j // (n_heads // n_kv_heads), each KV head serving a group of consecutive query heads; yours pairs it "
-        "with KV head j % n_kv_heads, the KV heads tiled (.repeat, or a new axis put before the heads')",
-        "k.repeat_interleave(n_heads // n_kv_heads, dim=1), the same for v; or k[:, :, None].expand(B, n_kv_heads, "
-        "group, T, d_k).reshape(B, n_heads, T, d_k): the group axis after the KV heads' axis.",
-        _block((SHARED, "shared_k, shared_v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")),
-    ),
-    Mistake(
-        "the norms come after the residual sums (Post-Norm, the 2017 Transformer's order): this block is "
-        "Pre-Norm, x + attention(norm(x)), then x + FFN(norm(x))",
-        "x = x + attention(self.attn_norm(x)); x = x + ffn(self.ffn_norm(x)): the residual stream itself is never "
-        "normalised inside the block.",
-        _block(("h = self.attn_norm(x)", "h = x"), ("h = self.ffn_norm(x)", "h = x"),
-               (RESIDUAL, "x = self.attn_norm(x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1)))"),
-               (FFN_OUT, "return self.ffn_norm(x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))), (k, v)")),
-    ),
-    Mistake(
-        "the FFN's input goes through attn_norm: ffn_norm, which has weights of its own, is never used",
-        "h = self.ffn_norm(x) before the FFN; attn_norm is for the attention's input only.",
-        _block(("h = self.ffn_norm(x)", "h = self.attn_norm(x)")),
-    ),
+    Mistake(f"RoPE rotates the wrong pairs: interleaved (2i, 2i + 1) instead of the course's half-split; {HALF_SPLIT}",
+            "use your apply_rotary (half-split) on q and k.",
+            _block(apply_rotary=INTERLEAVED)),
+    Mistake("RoPE is applied to v too: only the queries and keys are rotated (positions belong in the scores, not in "
+            "what is averaged)",
+            "q, k = apply_rotary(q, positions), apply_rotary(k, positions); leave v as it is.",
+            _block((ROTATED, ROTATED + "; v = apply_rotary(v, positions)"))),
+    Mistake("RoPE is applied to q only: the keys must be rotated too, or the scores do not depend on the offset",
+            "k = apply_rotary(k, positions), before it goes into the cache.",
+            _block((ROTATED, "q = apply_rotary(q, positions)"))),
+    Mistake("positions restarting at 0 for cached tokens: the new tokens are rotated as if they were at 0, 1, ... "
+            "instead of at the positions given",
+            "rotate with the positions argument (T_past, T_past + 1, ... after a cache), not torch.arange(T).",
+            _block((ROTATED, "q, k = apply_rotary(q, torch.arange(T)), apply_rotary(k, torch.arange(T))"))),
+    Mistake("the causal mask ignores the cached tokens: it is a (T, T) triangle placed over the first keys, so the "
+            "new tokens cannot see most of the cache",
+            "the new tokens are the last T of T_past + T keys: token t may see keys 0 .. T_past + t.",
+            _block(("mask = torch.arange(k.size(2), device=x.device) <= "
+                    "torch.arange(past, past + T, device=x.device)[:, None]",
+                    "mask = torch.ones(T, k.size(2), dtype=torch.bool, device=x.device).tril()"))),
+    Mistake("no causal mask: each token sees the tokens after it",
+            "mask the scores so that token t attends to keys 0 .. T_past + t only.",
+            _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v)"))),
+    Mistake("the FFN's gate and up projections are swapped: silu goes on w_gate's output, which multiplies w_up's",
+            "w_down(F.silu(w_gate(h)) * w_up(h)).",
+            _block(("F.silu(self.w_gate(h)) * self.w_up(h)", "F.silu(self.w_up(h)) * self.w_gate(h)"))),
+    Mistake("RoPE is applied before the heads are split: to (B, T, d_model), with d_model/2 frequencies across all "
+            "the heads, where each head's (B, h, T, d_k) queries and keys are rotated on their own d_k features",
+            "split the heads first (view and transpose to (B, h, T, d_k)), then apply_rotary(q, positions) and "
+            "apply_rotary(k, positions).",
+            _block((ROTATED, "q, k = q, k"), ("self.w_q(h).view(", "apply_rotary(self.w_q(h), positions).view("),
+                   ("self.w_k(h).view(", "apply_rotary(self.w_k(h), positions).view("))),
+    Mistake("the scores are not scaled by 1/sqrt(d_k)",
+            "scores = q @ k.transpose(-2, -1) / math.sqrt(d_k), with d_k the size of one head.",
+            _block((ATTENDED, "attended, _ = scaled_dot_product_attention(q * math.sqrt(self.d_k), shared_k, "
+                              "shared_v, mask)"))),
+    Mistake("the key and value heads are repeated along the wrong axis: query head j must read KV head "
+            "j // (n_heads // n_kv_heads), each KV head serving a group of consecutive query heads; yours pairs it "
+            "with KV head j % n_kv_heads, the KV heads tiled (.repeat, or a new axis put before the heads')",
+            "k.repeat_interleave(n_heads // n_kv_heads, dim=1), the same for v; or k[:, :, None].expand(B, n_kv_heads, "
+            "group, T, d_k).reshape(B, n_heads, T, d_k): the group axis after the KV heads' axis.",
+            _block((SHARED, "shared_k, shared_v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)"))),
+    Mistake("the norms come after the residual sums (Post-Norm, the 2017 Transformer's order): this block is "
+            "Pre-Norm, x + attention(norm(x)), then x + FFN(norm(x))",
+            "x = x + attention(self.attn_norm(x)); x = x + ffn(self.ffn_norm(x)): the residual stream itself is never "
+            "normalised inside the block.",
+            _block(("h = self.attn_norm(x)", "h = x"), ("h = self.ffn_norm(x)", "h = x"),
+                   (RESIDUAL, "x = self.attn_norm(x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1)))"),
+                   (FFN_OUT, "return self.ffn_norm(x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))), (k, v)"))),
+    Mistake("the FFN's input goes through attn_norm: ffn_norm, which has weights of its own, is never used",
+            "h = self.ffn_norm(x) before the FFN; attn_norm is for the attention's input only.",
+            _block(("h = self.ffn_norm(x)", "h = self.attn_norm(x)"))),
 ]
 
 
@@ -468,22 +411,21 @@ def _block_inputs(i: int, case: BlockCase, hidden: bool):
     return reference, x, torch.arange(case.past, case.past + case.length), cache
 
 
-def _as_cache(name, cache, expected, where: str, new_tokens: int, n_heads: int):
+def _expect_cache(name, cache, expected, new_tokens: int, n_heads: int) -> None:
     """The learner's cache must be a pair (k, v) of tensors shaped like the reference's (``new_tokens`` of
     its time axis are the call's own; ``n_heads`` query heads)."""
     if not isinstance(cache, (tuple, list)) or len(cache) != 2:
-        fail(name, f"{where} should return its cache as a pair (k, v), got {type_name(cache)}",
+        fail(name, f"forward should return its cache as a pair (k, v), got {type_name(cache)}",
              "return x, (k, v) with k and v of shape (B, h, T_past + T, d_k).")
     for what, got, want in zip(("keys", "values"), cache, expected):
         if not isinstance(got, torch.Tensor):
             fail(name, f"the cache's {what} should be a tensor, got {type_name(got)}")
-        if tuple(got.shape) != tuple(want.shape):
-            only_new = (*want.shape[:2], new_tokens, *want.shape[3:])
-            repeated = (want.shape[0], n_heads, *want.shape[2:])
-            problem, hint = (CACHE_ONLY_NEW if tuple(got.shape) == only_new != tuple(want.shape) else
-                             CACHE_REPEATED if tuple(got.shape) == repeated != tuple(want.shape) else CACHE_AXIS)
-            fail(name, f"{problem} (the cache's {what} have shape {tuple(got.shape)}, expected {tuple(want.shape)})", hint)
-    return cache
+        shape, expected_shape = tuple(got.shape), tuple(want.shape)
+        if shape != expected_shape:
+            only_new = (*expected_shape[:2], new_tokens, *expected_shape[3:])
+            repeated = (expected_shape[0], n_heads, *expected_shape[2:])
+            problem, hint = CACHE_ONLY_NEW if shape == only_new else CACHE_REPEATED if shape == repeated else CACHE_AXIS
+            fail(name, f"{problem} (the cache's {what} have shape {shape}, expected {expected_shape})", hint)
 
 
 def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
@@ -512,7 +454,7 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
                  "return x, (k, v): the output and the new cache.")
         out, new_cache = result
         expect_tensor(name, "the output", out, expected.shape, like=x)
-        new_cache = _as_cache(name, new_cache, expected_cache, "forward", case.length, case.n_heads)
+        _expect_cache(name, new_cache, expected_cache, case.length, case.n_heads)
         if not close(out, expected):
             mistaken = candidates(BLOCK_MISTAKES, reference, x64, positions, cache64, part=0)
             name_the_mistake(name, "the output" + BLOCK_STAND_IN_NOTE, out, expected, mistaken)
@@ -534,7 +476,10 @@ def check_decoder_block(DecoderBlock, hidden: bool = False) -> None:
 def _built(name, cls, others: tuple[str, ...], *args, **kwargs):
     """The learner's ``cls(*args, **kwargs)``, built with the notebook's classes named in ``others`` recorded in
     place of the learner's (``in_kernel.built_with``): the module, and what its constructor gave each of them."""
-    module = construct(name, lambda *a, **k: make_in_kernel(cls, in_kernel.built_with, cls, others, *a, **k), *args, **kwargs)
+    module = construct(name, lambda *a, **k: make_in_kernel(cls, in_kernel.built_with, cls, others, *a, **k),
+                       *args, **kwargs)
+
+
     return module, run_in_kernel(in_kernel.recorded, module)
 
 
@@ -622,15 +567,11 @@ VISIBLE_MODEL = [ModelCase(2, 7, 3, 11, 8, 2, 2, 16), ModelCase(3, 5, 1, 9, 12, 
 HIDDEN_MODEL = [ModelCase(3, 8, 5, 13, 16, 4, 2, 24), ModelCase(2, 6, 2, 10, 8, 1, 3, 12, eps=0.1),
                 ModelCase(4, 4, 1, 7, 12, 2, 1, 16), ModelCase(2, 5, 3, 9, 24, 6, 2, 16, eps=1e-3, n_kv_heads=3),
                 ModelCase(3, 4, 2, 8, 16, 4, 1, 12, n_kv_heads=1)]
-MODEL_HINT = (
-    "the notebook names the submodules embed (nn.Embedding(vocab, d_model)), blocks (nn.ModuleList of "
-    "DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads)), norm (RMSNorm(d_model, eps)) and head "
-    "(nn.Linear(d_model, vocab, bias=False))."
-)
-STAND_IN_NOTE = (
-    " (this comparison runs your GPT with simple stand-in blocks and PyTorch's nn.RMSNorm in place of "
-    "your DecoderBlocks and final RMSNorm, so the difference comes from GPT itself)"
-)
+MODEL_HINT = ("the notebook names the submodules embed (nn.Embedding(vocab, d_model)), blocks (nn.ModuleList of "
+              "DecoderBlock(d_model, n_heads, d_ff, eps, n_kv_heads)), norm (RMSNorm(d_model, eps)) and head "
+              "(nn.Linear(d_model, vocab, bias=False)).")
+STAND_IN_NOTE = (" (this comparison runs your GPT with simple stand-in blocks and PyTorch's nn.RMSNorm in place of "
+                 "your DecoderBlocks and final RMSNorm, so the difference comes from GPT itself)")
 
 
 def _gpt(*changes: tuple[str, str]):
@@ -641,39 +582,27 @@ def _gpt(*changes: tuple[str, str]):
 
 
 GPT_MISTAKES = [
-    Mistake(
-        "positions restarting at 0 for cached tokens: with a cache of T_past tokens the new ones are at "
-        "T_past, T_past + 1, ..., not 0, 1, ...",
-        "positions = torch.arange(T_past, T_past + T) with T_past the cache's length (cache[0][0].size(2)).",
-        _gpt(("past = 0 if cache is None else cache[0][0].size(2)", "past = 0")),
-    ),
-    Mistake(
-        "no final norm: a Pre-Norm stack's last residual sum must go through self.norm before the head",
-        "return self.head(self.norm(x)), cache.",
-        _gpt(("self.head(self.norm(x))", "self.head(x)")),
-    ),
-    Mistake(
-        "the token embeddings are scaled by sqrt(d_model): that belongs to the 2017 Transformer's sinusoidal "
-        "positions; a RoPE model adds nothing to its embeddings and scales nothing",
-        "x = self.embed(idx).",
-        _gpt(("x = self.embed(idx)", "x = self.embed(idx) * math.sqrt(self.embed.embedding_dim)")),
-    ),
-    Mistake(
-        "every block is given the first block's cache: each block has its own keys and values, cache[i]",
-        "for i, block in enumerate(self.blocks): x, layer_cache = block(x, positions, cache[i]), and return the "
-        "new caches in the same order.",
-        _gpt(("else cache[i])", "else cache[0])")),
-    ),
-    Mistake(
-        "the blocks are not given the cache: the new tokens are placed after it, but cannot attend to it",
-        "hand each block its own cache: block(x, positions, cache[i]).",
-        _gpt(("None if cache is None else cache[i]", "None")),
-    ),
-    Mistake(
-        "the cache's length is read on the wrong axis: the cached keys are (B, h, T_past, d_k), time on axis 2",
-        "T_past = cache[0][0].size(2), the first block's keys along time.",
-        _gpt(("cache[0][0].size(2)", "cache[0][0].size(1)")),
-    ),
+    Mistake("positions restarting at 0 for cached tokens: with a cache of T_past tokens the new ones are at "
+            "T_past, T_past + 1, ..., not 0, 1, ...",
+            "positions = torch.arange(T_past, T_past + T) with T_past the cache's length (cache[0][0].size(2)).",
+            _gpt(("past = 0 if cache is None else cache[0][0].size(2)", "past = 0"))),
+    Mistake("no final norm: a Pre-Norm stack's last residual sum must go through self.norm before the head",
+            "return self.head(self.norm(x)), cache.",
+            _gpt(("self.head(self.norm(x))", "self.head(x)"))),
+    Mistake("the token embeddings are scaled by sqrt(d_model): that belongs to the 2017 Transformer's sinusoidal "
+            "positions; a RoPE model adds nothing to its embeddings and scales nothing",
+            "x = self.embed(idx).",
+            _gpt(("x = self.embed(idx)", "x = self.embed(idx) * math.sqrt(self.embed.embedding_dim)"))),
+    Mistake("every block is given the first block's cache: each block has its own keys and values, cache[i]",
+            "for i, block in enumerate(self.blocks): x, layer_cache = block(x, positions, cache[i]), and return the "
+            "new caches in the same order.",
+            _gpt(("else cache[i])", "else cache[0])"))),
+    Mistake("the blocks are not given the cache: the new tokens are placed after it, but cannot attend to it",
+            "hand each block its own cache: block(x, positions, cache[i]).",
+            _gpt(("None if cache is None else cache[i]", "None"))),
+    Mistake("the cache's length is read on the wrong axis: the cached keys are (B, h, T_past, d_k), time on axis 2",
+            "T_past = cache[0][0].size(2), the first block's keys along time.",
+            _gpt(("cache[0][0].size(2)", "cache[0][0].size(1)"))),
 ]
 
 
@@ -687,15 +616,8 @@ def _model_inputs(i: int, case: ModelCase, hidden: bool) -> tuple[ref.GPT, ref.G
     swapped = copy.deepcopy(reference)
     swapped.blocks = stand_in_models.stand_in_blocks(randomise(blocks, SeededRandom(seed("stand-ins"))).state_dict())
     swapped.norm = _torch_rms_norm(reference.norm)
-    return reference, swapped, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
-
-
-def _logits_and_cache(name, result, shape, like):
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        fail(name, f"forward should return (logits, cache), got {type_name(result)}",
-             "return self.head(self.norm(x)), new_cache.")
-    expect_tensor(name, "the logits", result[0], shape, like=like)
-    return result
+    idx = torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
+    return reference, swapped, idx
 
 
 def check_gpt(GPT, hidden: bool = False) -> None:
@@ -766,21 +688,32 @@ def _with_stand_ins(model, reference):
 
 
 def _check_model_case(name, model, reference, idx64, case: ModelCase, device, dtype) -> None:
+    """The learner's logits (``model``, with stand-ins) against ``reference``'s: of idx at once, then of the rest of
+    idx given the cache of idx[:, :split]."""
     like = torch.empty(0, dtype=dtype, device=device)
-    idx = idx64.to(device)
+
+    def forward(idx, *cache):
+        """The learner's forward, which must return (logits, cache), the logits (B, T, vocab) like the inputs."""
+        result = call(name, model, idx, *cache)
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            fail(name, f"forward should return (logits, cache), got {type_name(result)}",
+                 "return self.head(self.norm(x)), new_cache.")
+        expect_tensor(name, "the logits", result[0], (*idx.shape, case.vocab), like=like)
+        return result
+
+    idx, split = idx64.to(device), case.split
     expected, _ = reference(idx64)
-    logits, _ = _logits_and_cache(name, call(name, model, idx), expected.shape, like)
+    logits, _ = forward(idx)
     if not close(logits, expected):
         mistaken = candidates(GPT_MISTAKES, reference, idx64, None)
         name_the_mistake(name, "the logits" + STAND_IN_NOTE, logits, expected, mistaken)
-    _, cache64 = reference(idx64[:, : case.split])
-    _, cache = _logits_and_cache(name, call(name, model, idx[:, : case.split]), (case.batch, case.split, case.vocab), like)
-    rest64 = idx64[:, case.split:]
-    logits, _ = _logits_and_cache(name, call(name, model, idx[:, case.split:], cache), rest64.shape + (case.vocab,), like)
-    if not close(logits, expected[:, case.split:]):
-        mistaken = candidates(GPT_MISTAKES, reference, rest64, cache64)
-        name_the_mistake(name, f"the logits of idx[:, {case.split}:] given the cache of idx[:, :{case.split}]"
-                         + STAND_IN_NOTE, logits, expected[:, case.split:], mistaken)
+    _, cache64 = reference(idx64[:, :split])
+    _, cache = forward(idx[:, :split])
+    logits, _ = forward(idx[:, split:], cache)
+    if not close(logits, expected[:, split:]):
+        mistaken = candidates(GPT_MISTAKES, reference, idx64[:, split:], cache64)
+        name_the_mistake(name, f"the logits of idx[:, {split}:] given the cache of idx[:, :{split}]" + STAND_IN_NOTE,
+                         logits, expected[:, split:], mistaken)
 
 
 def _expect_properties(name, model, idx, case: ModelCase) -> None:
@@ -808,8 +741,9 @@ def _expect_gradients(name, model, reference, idx, seed: int) -> None:
     """With stand-in blocks and norm and the reference's weights: GPT's own parameters (the embedding and the
     head) get the reference's gradients."""
     upstream = SeededRandom(seed).randn(*idx.shape, reference.head.out_features)
-    expected = {key: grad for key, grad in in_kernel.parameter_gradients(reference, (idx,), upstream)["gradients"].items()
-                if not key.startswith(("blocks.", "norm."))}
+    gradients = in_kernel.parameter_gradients(reference, (idx,), upstream)["gradients"]
+    expected = {key: grad for key, grad in gradients.items() if not key.startswith(("blocks.", "norm."))}
+
     actual = learner_step(name, lambda: run_in_kernel(in_kernel.parameter_gradients, model, (idx,), upstream), (idx,))
     if "error" in actual:
         fail(name, f"the logits are not connected to the autograd graph ({actual['error']})",
@@ -839,66 +773,50 @@ VISIBLE_LOSS = [LossCase(3, 6, 11, 8), LossCase(2, 9, 7, 12)]
 HIDDEN_LOSS = [LossCase(4, 5, 13, 8), LossCase(1, 8, 9, 16), LossCase(5, 3, 6, 8)]
 
 
-def _stand_in_lm(vocab: int, d_model: int, seed: int, sharpen: float = 1.0) -> nn.Module:
-    """A float64 stand-in language model with random weights (its weights are what crosses to the kernel)."""
-    model = randomise(stand_in_models.StandInLM(vocab, d_model).double(), SeededRandom(seed))
+def _lm_inputs(name: str, i: int, case, hidden: bool, d_model: int, sharpen: float = 1.0):
+    """Case ``i`` of ``name``: a float64 stand-in language model with random weights (its weights are what
+    crosses to the kernel; its head's multiplied by ``sharpen``) and token ids idx (B, T), on the CPU."""
+    seed = functools.partial(seed_for, name, hidden, i)
+    model = randomise(stand_in_models.StandInLM(case.vocab, d_model).double(), SeededRandom(seed("weights")))
     with torch.no_grad():
         model.head.weight *= sharpen
-    return stand_in_models.stand_in_lm(model.state_dict())
+    idx = torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
+    return stand_in_models.stand_in_lm(model.state_dict()), idx
 
 
 def _loss_inputs(i: int, case: LossCase, hidden: bool) -> tuple[nn.Module, torch.Tensor]:
     """Case ``i``'s stand-in model and token ids idx (B, T), on the CPU."""
-    seed = functools.partial(seed_for, "lm_loss", hidden, i)
-    model = _stand_in_lm(case.vocab, case.d_model, seed("weights"))
-    return model, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
+    return _lm_inputs("lm_loss", i, case, hidden, case.d_model)
 
 
-def _loss(*changes: tuple[str, str]):
-    """The reference's lm_loss with ``changes`` made to its source (``edited``): a mistake."""
-    return edited(ref.lm_loss, *changes)
-
-
+# A mistake: the reference's lm_loss with (old, new) changes made to its source (``edited``).
+_loss = functools.partial(edited, ref.lm_loss)
 INPUTS, LABELS = "model(idx[:, :-1])", "idx[:, 1:].flatten())"
 LOSS_MISTAKES = [
-    Mistake(
-        "loss not shifted: the model reads idx and is scored on idx itself, so it only has to copy what it sees",
-        "the model reads idx[:, :-1] and is scored on the next tokens, idx[:, 1:].",
-        _loss((INPUTS, "model(idx)"), (LABELS, "idx.flatten())")),
-    ),
-    Mistake(
-        "loss not shifted: the labels are idx[:, :-1], the very tokens the model reads",
-        "the labels are the next tokens: idx[:, 1:].",
-        _loss((LABELS, "idx[:, :-1].flatten())")),
-    ),
-    Mistake(
-        "the shift goes the wrong way: the model reads idx[:, 1:] and is scored on idx[:, :-1]",
-        "inputs idx[:, :-1], labels idx[:, 1:].",
-        _loss((INPUTS, "model(idx[:, 1:])"), (LABELS, "idx[:, :-1].flatten())")),
-    ),
-    Mistake(
-        "the logits went through a softmax before F.cross_entropy, which takes raw logits and applies its own "
-        "log-softmax: the loss is that of the probabilities read as logits",
-        "pass the logits themselves: F.cross_entropy(logits.flatten(0, 1), labels.flatten()).",
-        _loss(("logits.flatten(0, 1)", "logits.softmax(dim=-1).flatten(0, 1)")),
-    ),
-    Mistake(
-        "F.nll_loss was given the raw logits: it expects log-probabilities, so the loss is minus the mean logit "
-        "of the right token",
-        "F.cross_entropy on the logits, or F.nll_loss on logits.log_softmax(dim=-1).",
-        _loss(("F.cross_entropy(", "F.nll_loss(")),
-    ),
-    Mistake(
-        "the loss is summed over the predictions, not averaged: it then grows with B and T, and so does the "
-        "learning rate it needs",
-        "the mean over every prediction: F.cross_entropy's default reduction, 'mean'.",
-        _loss((LABELS, "idx[:, 1:].flatten(), reduction='sum')")),
-    ),
-    Mistake(
-        "only the last position is scored: every position predicts the token after it, and each prediction counts",
-        "score all T - 1 predictions: logits (B, T - 1, V) against labels idx[:, 1:] (B, T - 1).",
-        _loss(("logits.flatten(0, 1), idx[:, 1:].flatten()", "logits[:, -1], idx[:, -1]")),
-    ),
+    Mistake("loss not shifted: the model reads idx and is scored on idx itself, so it only has to copy what it sees",
+            "the model reads idx[:, :-1] and is scored on the next tokens, idx[:, 1:].",
+            _loss((INPUTS, "model(idx)"), (LABELS, "idx.flatten())"))),
+    Mistake("loss not shifted: the labels are idx[:, :-1], the very tokens the model reads",
+            "the labels are the next tokens: idx[:, 1:].",
+            _loss((LABELS, "idx[:, :-1].flatten())"))),
+    Mistake("the shift goes the wrong way: the model reads idx[:, 1:] and is scored on idx[:, :-1]",
+            "inputs idx[:, :-1], labels idx[:, 1:].",
+            _loss((INPUTS, "model(idx[:, 1:])"), (LABELS, "idx[:, :-1].flatten())"))),
+    Mistake("the logits went through a softmax before F.cross_entropy, which takes raw logits and applies its own "
+            "log-softmax: the loss is that of the probabilities read as logits",
+            "pass the logits themselves: F.cross_entropy(logits.flatten(0, 1), labels.flatten()).",
+            _loss(("logits.flatten(0, 1)", "logits.softmax(dim=-1).flatten(0, 1)"))),
+    Mistake("F.nll_loss was given the raw logits: it expects log-probabilities, so the loss is minus the mean logit "
+            "of the right token",
+            "F.cross_entropy on the logits, or F.nll_loss on logits.log_softmax(dim=-1).",
+            _loss(("F.cross_entropy(", "F.nll_loss("))),
+    Mistake("the loss is summed over the predictions, not averaged: it then grows with B and T, and so does the "
+            "learning rate it needs",
+            "the mean over every prediction: F.cross_entropy's default reduction, 'mean'.",
+            _loss((LABELS, "idx[:, 1:].flatten(), reduction='sum')"))),
+    Mistake("only the last position is scored: every position predicts the token after it, and each prediction counts",
+            "score all T - 1 predictions: logits (B, T - 1, V) against labels idx[:, 1:] (B, T - 1).",
+            _loss(("logits.flatten(0, 1), idx[:, 1:].flatten()", "logits[:, -1], idx[:, -1]"))),
 ]
 
 
@@ -958,11 +876,8 @@ DRAW_HINT = ("draw each token as torch.multinomial(probs, 1, generator=generator
              "temperature, top-k and top-p, in that order.")
 
 
-def _sample(*changes: tuple[str, str]):
-    """The reference's generate with ``changes`` made to its source (``edited``): a mistake."""
-    return edited(ref.generate, *changes)
-
-
+# A mistake: the reference's generate with (old, new) changes made to its source (``edited``).
+_sample = functools.partial(edited, ref.generate)
 KTH = "probs.topk(min(top_k, probs.size(-1)), dim=-1)"  # the k largest probabilities, and where they are
 DRAW = "[out, torch.multinomial(probs, 1, generator=generator)]"  # the draw (the docstring names it too)
 IN_VOCABULARY_ORDER = ("draw over the probabilities in vocabulary order: torch.multinomial(probs, 1, "
@@ -971,15 +886,17 @@ OTHER_DRAW = ("it draws from the right distribution, but the same random numbers
               "exercise fixes the draw so that a seeded generator gives the reference's tokens")
 UNNORMALISED = [  # mistakes whose probabilities do not add up to 1 (the draw does not show it)
     Mistake("softmax over the wrong axis in sampling: the probabilities are normalised over the batch, not over "
-            "the vocabulary", "probs = logits.softmax(dim=-1) on the (B, vocab) logits of the last position.",
+            "the vocabulary",
+            "probs = logits.softmax(dim=-1) on the (B, vocab) logits of the last position.",
             _sample(("logits.softmax(dim=-1)", "logits.softmax(dim=0)"))),
     Mistake("top-k applied after softmax without renormalising: the k kept probabilities no longer add up to 1",
             "keep the k largest logits (the others -inf) before the softmax, which then normalises over them.",
             _sample(('logits = logits.masked_fill(logits < kth, float("-inf"))', "kth = kth"),
-                    ("probs = logits.softmax(dim=-1)", f"probs = logits.softmax(dim=-1)\n        probs = probs if top_k "
-                     f"is None else probs.masked_fill(probs < {KTH}.values[:, -1:], 0.0)"))),
+                    ("probs = logits.softmax(dim=-1)", f"probs = logits.softmax(dim=-1)\n        probs = probs if "
+                     f"top_k is None else probs.masked_fill(probs < {KTH}.values[:, -1:], 0.0)"))),
     Mistake("temperature applied after softmax: dividing probabilities by T changes nothing once they are "
-            "renormalised; it must divide the logits", "logits = logits / temperature, then the softmax.",
+            "renormalised; it must divide the logits",
+            "logits = logits / temperature, then the softmax.",
             _sample(("logits = logits / temperature", "logits = logits"),
                     ("probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=-1) / temperature"))),
 ]
@@ -989,12 +906,13 @@ NORMALISED = [
             _sample(("logits < kth", "logits <= kth"))),
     Mistake("top-p drops the token that crosses top_p: a token is kept while the tokens more likely than it add "
             "up to less than top_p, so the one that takes the sum past top_p stays",
-            "keep where sorted.cumsum(-1) - sorted < top_p (the mass before each token), not sorted.cumsum(-1) < top_p.",
+            "keep where sorted.cumsum(-1) - sorted < top_p (the mass before each token), not "
+            "sorted.cumsum(-1) < top_p.",
             _sample(("sorted_probs.cumsum(dim=-1) - sorted_probs", "sorted_probs.cumsum(dim=-1)"),
                     ("likelier < top_p)", "(likelier < top_p) | (torch.arange(probs.size(-1)) == 0))"))),
     Mistake("top-p applied before top-k: the notebook's order is temperature, top-k on the logits, softmax, then "
-            "top-p", "divide by the temperature, keep the top k logits, softmax, and only then cut by top_p and "
-            "renormalise.",
+            "top-p",
+            "divide by the temperature, keep the top k logits, softmax, and only then cut by top_p and renormalise.",
             _sample(("if top_k is not None:", "if False:"),
                     (f"out = torch.cat({DRAW}", f"if top_k is not None:\n            probs = probs.masked_fill("
                      f"probs < {KTH}.values[:, -1:], 0.0)\n            probs = probs / probs.sum(dim=-1, keepdim=True)"
@@ -1003,12 +921,15 @@ NORMALISED = [
             "logits = logits[:, -1] (B, vocab), the last position of (B, T, vocab).",
             _sample(("logits = logits[:, -1]", "logits = logits[:, 0]"))),
     Mistake(f"the token is drawn over the probabilities sorted in descending order (as Meta's LLaMA sample_top_p "
-            f"does), then mapped back: {OTHER_DRAW}", IN_VOCABULARY_ORDER,
+            f"does), then mapped back: {OTHER_DRAW}",
+            IN_VOCABULARY_ORDER,
             _sample((DRAW, "[out, probs.sort(dim=-1, descending=True).indices.gather(-1, torch.multinomial("
                            "probs.sort(dim=-1, descending=True).values, 1, generator=generator))]"))),
-    Mistake(f"the token is drawn over the top k probabilities alone (as nanochat does), then mapped back: "
-            f"{OTHER_DRAW}", IN_VOCABULARY_ORDER,
-            _sample((DRAW, f"[out, {KTH}.indices.gather(-1, torch.multinomial({KTH}.values, 1, generator=generator))]"))),
+    Mistake(f"the token is drawn over the top k probabilities alone (as nanochat does), then mapped back: {OTHER_DRAW}",
+            IN_VOCABULARY_ORDER,
+            _sample((DRAW, f"[out, {KTH}.indices.gather(-1, torch.multinomial({KTH}.values, 1, "
+                           "generator=generator))]"))),
+
 ]
 SAMPLE_MISTAKES = UNNORMALISED + NORMALISED
 
@@ -1019,9 +940,13 @@ def _options(case: SampleCase) -> dict:
 
 def _sample_inputs(i: int, case: SampleCase, hidden: bool) -> tuple[nn.Module, torch.Tensor]:
     """Case ``i``'s stand-in model (sharpened, so that its draws are not uniform) and prompt idx (B, T), on the CPU."""
-    seed = functools.partial(seed_for, "generate", hidden, i)
-    model = _stand_in_lm(case.vocab, 8, seed("weights"), sharpen=2.0)
-    return model, torch.randint(case.vocab, (case.batch, case.length), generator=SeededRandom(seed()).generator)
+    return _lm_inputs("generate", i, case, hidden, d_model=8, sharpen=2.0)
+
+
+def _reference_tokens(reference, idx64, case: SampleCase, device, options: dict) -> torch.Tensor:
+    """The tokens the reference draws on ``device`` with ``options`` and the case's seeded generator, on the CPU."""
+    return ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
+                        generator=stand_in_models.seeded_generator(str(device), case.seed), **options).cpu()
 
 
 def check_generate(generate, hidden: bool = False) -> None:
@@ -1031,60 +956,54 @@ def check_generate(generate, hidden: bool = False) -> None:
     name = "generate"
 
     def check_case(i: int, case: SampleCase, device, dtype) -> None:
-        _check_sample_case(name, generate, case, *_sample_inputs(i, case, hidden), device)
+        reference, idx64 = _sample_inputs(i, case, hidden)
+        options = _options(case)
+        use_cache = options.get("use_cache", True)
+        shown = ", ".join(f"{k}={v}" for k, v in options.items())
+        expected = _reference_tokens(reference, idx64, case, device, options)
+        model = lend(generate, copy.deepcopy(reference).to(device))
+        idx = idx64.to(device)
+        generator = make_in_kernel(generate, stand_in_models.seeded_generator, str(device), case.seed)
+        before = {"idx": (idx, idx.clone())}
+        run = _sampled(name, generate, (model, idx, case.new), generator, options)
+        expect_unchanged(name, before)
+        tokens = run.get("tokens") if isinstance(run, dict) else None
+        _expect_tokens(name, tokens, idx64, case, device)
+        tokens = tokens.cpu()
+        # Whether the cache was used shows in the stand-in's record of the tokens each call was given, and in the
+        # tokens (the stand-in answers a call given its cache with its recall added). Both are the grader's: the
+        # stand-in is lent (``lend``), and every call the learner's code makes on it runs here.
+        fed = list(model.fed)
+        if use_cache and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
+            fail(name, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} calls: the cache is "
+                 "not used", CACHE_HINT)
+        if not use_cache and fed != list(range(case.length, case.length + case.new)):
+            fail(name, f"use_cache=False but the model was given {fed} tokens at its {len(fed)} calls: without the "
+                 f"cache the whole sequence so far is run at every step ({case.length}, {case.length + 1}, ... "
+                 "tokens)",
+                 "with use_cache=False, call model(out) on every token so far, with no cache, at each step.")
+
+        if run.get("unseeded"):
+            kernel_reported(name, generate, f"torch.multinomial was called {run['unseeded']} times without the "
+                            f"generator (with {shown}): its draws come from the global random state, and cannot be "
+                            "reproduced",
+                            "pass the generator you are given: torch.multinomial(probs, 1, generator=generator).")
+        probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
+        unnormalised = next((p for p in probs if not _add_up([p])), None)
+        if unnormalised is not None:
+            _name_sampling_mistake(name, reference, idx64, case, tokens, normalised=False)
+            kernel_reported(name, generate, f"the probabilities drawn from do not add up to 1 (row sums "
+                            f"{unnormalised.sum(dim=-1).to(torch.float64).tolist()[:3]}) with {shown}",
+                            "after top-k and top-p, the kept probabilities must be renormalised.")
+        if not torch.equal(tokens, expected):
+            uncached = options | {"use_cache": False}
+            if use_cache and torch.equal(tokens, _reference_tokens(reference, idx64, case, device, uncached)):
+                fail(name, f"use_cache=True but the tokens with {shown} are the ones drawn without the cache (the "
+                     "model answers a call given its cache a little differently)", CACHE_HINT)
+            _explain_other_tokens(name, reference, idx64, case, tokens, expected, probs, shown)
 
     with strict_numerics(), one_thread():
         run_cases(name, HIDDEN_SAMPLE if hidden else VISIBLE_SAMPLE, check_case, dtypes=(torch.float64,))
-
-
-def _check_sample_case(name, generate, case: SampleCase, reference, idx64, device) -> None:
-    options = _options(case)
-    expected = ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
-                            generator=stand_in_models.seeded_generator(str(device), case.seed), **options).cpu()
-    model = lend(generate, copy.deepcopy(reference).to(device))
-    idx = idx64.to(device)
-    generator = make_in_kernel(generate, stand_in_models.seeded_generator, str(device), case.seed)
-    before = {"idx": (idx, idx.clone())}
-    args = (model, idx, case.new)
-    run = _sampled(name, generate, args, generator, options)
-    expect_unchanged(name, before)
-    tokens = run.get("tokens") if isinstance(run, dict) else None
-    shown = ", ".join(f"{k}={v}" for k, v in options.items())
-    _expect_tokens(name, tokens, idx64, case, device)
-    tokens = tokens.cpu()
-    # Whether the cache was used shows in the stand-in's record of the tokens each call was given, and in the
-    # tokens (the stand-in answers a call given its cache with its recall added). Both are the grader's: the
-    # stand-in is lent (``lend``), and every call the learner's code makes on it runs here.
-    fed = list(model.fed)
-    if options.get("use_cache", True) and (fed[:1] != [case.length] or any(n != 1 for n in fed[1:])):
-        fail(name, f"use_cache=True but the model was given {fed} tokens at its {len(fed)} calls: the cache is not "
-             "used", CACHE_HINT)
-    if not options.get("use_cache", True) and fed != list(range(case.length, case.length + case.new)):
-        fail(name, f"use_cache=False but the model was given {fed} tokens at its {len(fed)} calls: without the "
-             f"cache the whole sequence so far is run at every step ({case.length}, {case.length + 1}, ... tokens)",
-             "with use_cache=False, call model(out) on every token so far, with no cache, at each step.")
-    if run.get("unseeded"):
-        kernel_reported(name, generate, f"torch.multinomial was called {run['unseeded']} times without the generator "
-                        f"(with {shown}): its draws come from the global random state, and cannot be reproduced",
-                        "pass the generator you are given: torch.multinomial(probs, 1, generator=generator).")
-    probs = [p for p in run.get("probs", []) if isinstance(p, torch.Tensor)]
-    for p in probs:
-        sums = p.sum(dim=-1).to(torch.float64)
-        if not _add_up([p]):
-            _name_sampling_mistake(name, reference, idx64, case, tokens, normalised=False)
-            kernel_reported(name, generate, f"the probabilities drawn from do not add up to 1 (row sums "
-                            f"{sums.tolist()[:3]}) with {shown}", "after top-k and top-p, the kept probabilities "
-                            "must be renormalised.")
-            break
-    if not torch.equal(tokens, expected) and options.get("use_cache", True):
-        uncached = ref.generate(copy.deepcopy(reference).to(device), idx64.to(device), case.new,
-                                generator=stand_in_models.seeded_generator(str(device), case.seed),
-                                **(options | {"use_cache": False})).cpu()
-        if torch.equal(tokens, uncached):
-            fail(name, f"use_cache=True but the tokens with {shown} are the ones drawn without the cache (the model "
-                 "answers a call given its cache a little differently)", CACHE_HINT)
-    if not torch.equal(tokens, expected):
-        _explain_other_tokens(name, reference, idx64, case, tokens, expected, probs)
 
 
 def _sampled(name, generate, args, generator, options) -> dict:
@@ -1100,18 +1019,17 @@ def _sampled(name, generate, args, generator, options) -> dict:
         raise
 
 
-def _explain_other_tokens(name, reference, idx64, case: SampleCase, tokens, expected, probs) -> None:
-    """Fail on tokens other than the reference's, with the mistake that draws them if one is known."""
-    options = _options(case)
-    shown = ", ".join(f"{k}={v}" for k, v in options.items())
+def _explain_other_tokens(name, reference, idx64, case: SampleCase, tokens, expected, probs, shown: str) -> None:
+    """Fail on tokens other than the reference's, with the mistake that draws them if one is known (``shown``:
+    the case's options, as the messages show them)."""
     _name_sampling_mistake(name, reference, idx64, case, tokens, normalised=_add_up(probs) if probs else None)
-    sampling = options.get("temperature", 1.0) != 0
+    sampling = _options(case).get("temperature", 1.0) != 0
     if sampling and not probs:
         fail(name, f"no token was drawn with torch.multinomial with {shown}", DRAW_HINT)
     b = int((tokens != expected).any(dim=1).nonzero()[0])
     fail(name, f"with {shown} and the same seeded generator, sequence {b} is {tokens[b].tolist()}; the reference "
-         f"draws {expected[b].tolist()}", DRAW_HINT if sampling else "temperature=0 is greedy: the argmax of the "
-         "last logits.")
+         f"draws {expected[b].tolist()}",
+         DRAW_HINT if sampling else "temperature=0 is greedy: the argmax of the last logits.")
 
 
 def _expect_tokens(name, tokens, idx64, case: SampleCase, device) -> None:
@@ -1174,27 +1092,20 @@ META_NAMES = {"embed": "tok_embeddings", "norm": "norm", "head": "output", "attn
               "w_o": "attention.wo", "w_gate": "feed_forward.w1", "w_up": "feed_forward.w3",
               "w_down": "feed_forward.w2", "blocks": "layers"}
 LINEAR_LAYOUT = "nn.Linear stores its weight as (out_features, in_features), and so does the checkpoint"
-TRANSPOSED = (
-    f"the weights are transposed (w.T): {LINEAR_LAYOUT}",
-    "copy each weight as it is, with no .T (GPT-2's checkpoints, whose Conv1D layers store (in, out), are the "
-    "ones that need it).",
-)
-HEAD_NOT_TIED = (
-    "the head is not tied to the embedding when the checkpoint has none: a model with tie_word_embeddings saves no "
-    "head of its own, its head is the embedding",
-    "when the checkpoint has no head, copy the embedding into model.head.weight (or tie the two).",
-)
-HEAD_FROM_THE_EMBEDDING = (
-    "the head is taken from the embedding although the checkpoint has one of its own: only a tied checkpoint, "
-    "which has no head, uses the embedding as its head",
-    "copy the checkpoint's head when it has one, and the embedding only when it has none.",
-)
-KV_HEADS = (
-    "w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's n_heads when the model groups its query heads; "
-    "a head count taken from the queries does not fit the keys",
-    "take each weight's head count from its own rows, w.size(0) // d_k (d_k = block.d_k): reorder wq and wk head "
-    "by head, each with the same d_k.",
-)
+TRANSPOSED = (f"the weights are transposed (w.T): {LINEAR_LAYOUT}",
+              "copy each weight as it is, with no .T (GPT-2's checkpoints, whose Conv1D layers store (in, out), are "
+              "the ones that need it).")
+HEAD_NOT_TIED = ("the head is not tied to the embedding when the checkpoint has none: a model with "
+                 "tie_word_embeddings saves no head of its own, its head is the embedding",
+                 "when the checkpoint has no head, copy the embedding into model.head.weight (or tie the two).")
+HEAD_FROM_THE_EMBEDDING = ("the head is taken from the embedding although the checkpoint has one of its own: only a "
+                           "tied checkpoint, which has no head, uses the embedding as its head",
+                           "copy the checkpoint's head when it has one, and the embedding only when it has none.")
+KV_HEADS = ("w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's n_heads when the model groups its query "
+            "heads; a head count taken from the queries does not fit the keys",
+            "take each weight's head count from its own rows, w.size(0) // d_k (d_k = block.d_k): reorder wq and wk "
+            "head by head, each with the same d_k.")
+
 LOAD_INTO = ("copy into the parameters the model has, under torch.no_grad(): model.embed.weight.copy_(w), or "
              "model.load_state_dict(...) with your names; either keeps the model's dtype and device.")
 LOAD_HINT = "return the model you were given, loaded in place: return model."
@@ -1218,29 +1129,31 @@ def _load_state(case: LoadCase, seed: int) -> dict:
 
 
 def _load_inputs(name: str, layout: dict, i: int, case: LoadCase, hidden: bool, dtype: torch.dtype = torch.float64):
-    """Case ``i`` of the loader ``name``: the weights the model holds before loading (float64), the checkpoint in
-    ``layout`` (``_checkpoint``) and the token ids whose logits judge the load, on the CPU."""
+    """Case ``i`` of the loader ``name``: the weights the model holds before loading (float64), the checkpoint
+    (random weights under ``layout``'s names, in ``dtype`` or the case's ``stored`` one, without a head when the
+    case is tied) and the token ids whose logits judge the load, on the CPU."""
     seed = functools.partial(seed_for, name, hidden, i)
-    checkpoint = _checkpoint(layout, case, _load_state(case, seed("checkpoint")), dtype)
+    checkpoint = {_gpt_key(layout, key): value.to(case.stored or dtype)
+                  for key, value in _load_state(case, seed("checkpoint")).items()
+                  if not (case.tied and key == "head.weight")}
     idx = torch.randint(case.vocab, LOADED_IDX, generator=SeededRandom(seed()).generator)
     return _load_state(case, seed("model")), checkpoint, idx
 
 
-def _checkpoint(layout: dict, case: LoadCase, weights: dict, dtype: torch.dtype) -> dict:
-    """``weights`` under the layout's names, in ``dtype`` (the case's ``stored`` one when it has one), on the
-    CPU; without a head when the case is tied."""
-    return {_gpt_key(layout, key): value.to(case.stored or dtype) for key, value in weights.items()
-            if not (case.tied and key == "head.weight")}
+def _loaded_gpt(loader, before: dict, checkpoint: dict, case: LoadCase) -> ref.GPT:
+    """A float64 reference GPT that held ``before`` and was then loaded by ``loader`` (the reference's, or a
+    mistake's)."""
+    model = _reference_gpt(case)
+    model.load_state_dict(before)
+    loader(model, checkpoint)
+    return model
 
 
 def _loading(loader):
-    """What ``loader`` (the reference's, or a mistake's) makes of a checkpoint: the logits of a float64
-    reference GPT that held ``before`` and was loaded by it, for the token ids ``idx``."""
+    """What ``loader`` makes of a checkpoint: the logits, for the token ids ``idx``, of ``_loaded_gpt``."""
 
     def logits(before: dict, checkpoint: dict, idx: torch.Tensor, case: LoadCase) -> torch.Tensor:
-        model = _reference_gpt(case)
-        model.load_state_dict(before)
-        loader(model, checkpoint)
+        model = _loaded_gpt(loader, before, checkpoint, case)
         with torch.no_grad():
             return model(idx)[0]
 
@@ -1268,86 +1181,67 @@ HF_COPY = 'getattr(block, ours).weight.copy_(state_dict[f"model.layers.{i}.{thei
 HF_MISTAKES = [
     *_both_loaders_mistakes(ref.load_hf_llama, (HF_COPY, HF_COPY.replace("copy_(", "copy_(transposed(") + ")"),
                             'model.head.weight.copy_(state_dict.get("lm_head.weight", embedding))'),
-    Mistake(
-        "Hugging Face's q_proj and k_proj were reordered as Meta's are: Hugging Face's converter has already "
-        "reordered them to the half-split pairs its rotate_half (and the course's RoPE) rotates, so they copy as "
-        "they are",
-        "copy every weight of a Hugging Face checkpoint as it is; only Meta's layout needs the reordering.",
-        _loading(edited(ref.load_hf_llama, (HF_COPY, 'w = state_dict[f"model.layers.{i}.{theirs}.weight"]\n'
-                                            '            getattr(block, ours).weight.copy_(interleaved_to_half_split(w, '
-                                            'block.d_k) if ours in ("w_q", "w_k") else w)'))),
-    ),
-    Mistake(
-        "the two norms are swapped: input_layernorm normalises the attention's input (attn_norm), and "
-        "post_attention_layernorm, which comes after the attention sublayer, the FFN's input (ffn_norm); both "
-        "are Pre-Norms",
-        "attn_norm <- input_layernorm, ffn_norm <- post_attention_layernorm.",
-        _loading(edited(ref.load_hf_llama, ('"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"',
-                                            '"attn_norm": "post_attention_layernorm", "ffn_norm": "input_layernorm"'))),
-    ),
+    Mistake("Hugging Face's q_proj and k_proj were reordered as Meta's are: Hugging Face's converter has already "
+            "reordered them to the half-split pairs its rotate_half (and the course's RoPE) rotates, so they copy as "
+            "they are",
+            "copy every weight of a Hugging Face checkpoint as it is; only Meta's layout needs the reordering.",
+            _loading(edited(ref.load_hf_llama, (
+                HF_COPY, 'w = state_dict[f"model.layers.{i}.{theirs}.weight"]\n'
+                         '            getattr(block, ours).weight.copy_(interleaved_to_half_split(w, block.d_k) '
+                         'if ours in ("w_q", "w_k") else w)')))),
+    Mistake("the two norms are swapped: input_layernorm normalises the attention's input (attn_norm), and "
+            "post_attention_layernorm, which comes after the attention sublayer, the FFN's input (ffn_norm); both "
+            "are Pre-Norms",
+            "attn_norm <- input_layernorm, ffn_norm <- post_attention_layernorm.",
+            _loading(edited(ref.load_hf_llama,
+                            ('"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"',
+                             '"attn_norm": "post_attention_layernorm", "ffn_norm": "input_layernorm"')))),
+
 ]
 
 
-def _reordered(*changes: tuple[str, str]):
-    """The reference's interleaved_to_half_split with ``changes`` made to its source (``edited``)."""
-    return edited(ref.interleaved_to_half_split, *changes)
-
-
+# The reference's interleaved_to_half_split with (old, new) changes made to its source (``edited``).
+_reordered = functools.partial(edited, ref.interleaved_to_half_split)
 META_ROTATED = 'if ours in ("w_q", "w_k"):'
 PAIRS = ("Meta's code rotates neighbouring features (2i, 2i + 1) of each head, the course's RoPE (i, i + d_k/2): "
          "within each head, row 2i of wq and wk must move to i, and row 2i + 1 to i + d_k/2")
 META_MISTAKES = [
-    Mistake(
-        f"wq and wk are copied without reordering their rows: {PAIRS}",
-        "reorder the rows of wq and wk with interleaved_to_half_split(w, block.d_k) before copying them.",
-        _loading(edited(ref.load_meta_llama, (META_ROTATED, "if False:"))),
-    ),
-    Mistake(
-        "the rows of wv are reordered too: only what RoPE rotates, the queries and the keys, must be; the values "
-        "are never rotated, and their features must stay where wo reads them",
-        "reorder wq and wk only; copy wv and wo as they are.",
-        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v"):'))),
-    ),
-    Mistake(
-        "the rows of wv and wo are reordered too: only what RoPE rotates, the queries and the keys, must be; wo's "
-        "rows are the model's own features, and wv's are what wo reads",
-        "reorder wq and wk only; copy wv and wo as they are.",
-        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v", "w_o"):'))),
-    ),
-    Mistake(
-        "only wq's rows are reordered: the keys are rotated too, and must be reordered the same way, or the scores "
-        "pair a query's features with other features of the key",
-        "reorder wk's rows as well (it has n_kv_heads heads of d_k rows).",
-        _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q",):'))),
-    ),
-    Mistake(
-        "the rows are reordered the wrong way round, from half-split to interleaved: row i must receive row 2i "
-        "(and row i + d_k/2 row 2i + 1), not row 2i receive row i",
-        "in each head, take the even rows first, then the odd ones: w[rows] with rows = [0, 2, 4, ..., 1, 3, 5, "
-        "...] (head by head).",
-        _loading(edited(ref.load_meta_llama, interleaved_to_half_split=_reordered(
-            ("order = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])",
-             "order = torch.stack([torch.arange(d_k // 2), torch.arange(d_k // 2, d_k)], dim=1).flatten()")))),
-    ),
-    Mistake(
-        "the rows are reordered across all the heads at once: the even rows of the whole matrix, then the odd "
-        "ones; each head's d_k rows must be reordered on their own",
-        "reorder within each head: rows head·d_k + [0, 2, ..., d_k - 2, 1, 3, ..., d_k - 1] for every head.",
-        _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
-                                              "interleaved_to_half_split(w, w.size(0))"))),
-    ),
-    Mistake(
-        f"wk's rows are reordered as if it had as many heads as wq: {KV_HEADS[0]}", KV_HEADS[1],
-        _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
-                                              "interleaved_to_half_split(w, w.size(0) // block.n_heads)"))),
-    ),
-    Mistake(
-        "the FFN's w1 and w3 are swapped: in Meta's code w1 is the gate (silu(w1(x)) * w3(x)), w3 the up "
-        "projection and w2 the down projection",
-        "w_gate <- feed_forward.w1, w_up <- feed_forward.w3, w_down <- feed_forward.w2.",
-        _loading(edited(ref.load_meta_llama, ('"w_gate": "feed_forward.w1", "w_up": "feed_forward.w3"',
-                                              '"w_gate": "feed_forward.w3", "w_up": "feed_forward.w1"'))),
-    ),
+    Mistake(f"wq and wk are copied without reordering their rows: {PAIRS}",
+            "reorder the rows of wq and wk with interleaved_to_half_split(w, block.d_k) before copying them.",
+            _loading(edited(ref.load_meta_llama, (META_ROTATED, "if False:")))),
+    Mistake("the rows of wv are reordered too: only what RoPE rotates, the queries and the keys, must be; the values "
+            "are never rotated, and their features must stay where wo reads them",
+            "reorder wq and wk only; copy wv and wo as they are.",
+            _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v"):')))),
+    Mistake("the rows of wv and wo are reordered too: only what RoPE rotates, the queries and the keys, must be; wo's "
+            "rows are the model's own features, and wv's are what wo reads",
+            "reorder wq and wk only; copy wv and wo as they are.",
+            _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q", "w_k", "w_v", "w_o"):')))),
+    Mistake("only wq's rows are reordered: the keys are rotated too, and must be reordered the same way, or the scores "
+            "pair a query's features with other features of the key",
+            "reorder wk's rows as well (it has n_kv_heads heads of d_k rows).",
+            _loading(edited(ref.load_meta_llama, (META_ROTATED, 'if ours in ("w_q",):')))),
+    Mistake("the rows are reordered the wrong way round, from half-split to interleaved: row i must receive row 2i "
+            "(and row i + d_k/2 row 2i + 1), not row 2i receive row i",
+            "in each head, take the even rows first, then the odd ones: w[rows] with rows = [0, 2, 4, ..., 1, 3, 5, "
+            "...] (head by head).",
+            _loading(edited(ref.load_meta_llama, interleaved_to_half_split=_reordered(
+                ("order = torch.cat([torch.arange(0, d_k, 2), torch.arange(1, d_k, 2)])",
+                 "order = torch.stack([torch.arange(d_k // 2), torch.arange(d_k // 2, d_k)], dim=1).flatten()"))))),
+    Mistake("the rows are reordered across all the heads at once: the even rows of the whole matrix, then the odd "
+            "ones; each head's d_k rows must be reordered on their own",
+            "reorder within each head: rows head·d_k + [0, 2, ..., d_k - 2, 1, 3, ..., d_k - 1] for every head.",
+            _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
+                                                  "interleaved_to_half_split(w, w.size(0))")))),
+    Mistake(f"wk's rows are reordered as if it had as many heads as wq: {KV_HEADS[0]}",
+            KV_HEADS[1],
+            _loading(edited(ref.load_meta_llama, ("interleaved_to_half_split(w, block.d_k)",
+                                                  "interleaved_to_half_split(w, w.size(0) // block.n_heads)")))),
+    Mistake("the FFN's w1 and w3 are swapped: in Meta's code w1 is the gate (silu(w1(x)) * w3(x)), w3 the up "
+            "projection and w2 the down projection",
+            "w_gate <- feed_forward.w1, w_up <- feed_forward.w3, w_down <- feed_forward.w2.",
+            _loading(edited(ref.load_meta_llama, ('"w_gate": "feed_forward.w1", "w_up": "feed_forward.w3"',
+                                                  '"w_gate": "feed_forward.w3", "w_up": "feed_forward.w1"')))),
     *_both_loaders_mistakes(ref.load_meta_llama, ("weight.copy_(w)", "weight.copy_(transposed(w))"),
                             'model.head.weight.copy_(checkpoint.get("output.weight", embedding))'),
 ]
@@ -1392,12 +1286,10 @@ def _check_loader(name, loader, layout: dict, reference, mistakes: list, hidden:
         expected = _loading(reference)(before64, checkpoint, idx, case)
         if not close(logits, expected, precision=dtype):
             mistaken = list(candidates(mistakes, before64, checkpoint, idx, case))
-            loaded = _reference_gpt(case)
-            loaded.load_state_dict(before64)
-            reference(loaded, checkpoint)
-            differing = [key for key, value in loaded.state_dict().items() if not close(state[key], value)]
+            loaded = _loaded_gpt(reference, before64, checkpoint, case).state_dict()
+            differing = [key for key, value in loaded.items() if not close(state[key], value)]
             if matching_mistake(logits, mistaken) is None:
-                _name_a_parameter(name, state, loaded.state_dict(), before64, differing)
+                _name_a_parameter(name, state, loaded, before64, differing)
             where = f" (the first parameter that differs from the reference's: {differing[0]})" if differing else ""
             name_the_mistake(name, f"the logits of a GPT holding the weights your function loaded{where}", logits,
                              expected, mistaken)
@@ -1418,14 +1310,16 @@ def _call_loader(name, loader, target, checkpoint: dict, case: LoadCase, layout:
         if case.tied and "KeyError" in message and f"{layout['head']}.weight" in message:
             problem, hint = HEAD_NOT_TIED
         elif "must match the size of tensor" in message or "size mismatch for" in message:
-            problem, hint = f"A shape does not fit. If your code transposes weights (w.T), it should not: {LINEAR_LAYOUT}.", \
-                TRANSPOSED[1]
+            problem = f"A shape does not fit. If your code transposes weights (w.T), it should not: {LINEAR_LAYOUT}."
+            hint = TRANSPOSED[1]
         elif case.n_kv_heads < case.n_heads and any(word in message for word in ("size", "shape")):
-            problem, hint = f"This case groups its query heads (n_heads={case.n_heads}, n_kv_heads={case.n_kv_heads}): " \
-                f"{KV_HEADS[0]}", KV_HEADS[1]
+            problem = (f"This case groups its query heads (n_heads={case.n_heads}, n_kv_heads={case.n_kv_heads}): "
+                       f"{KV_HEADS[0]}")
+            hint = KV_HEADS[1]
         else:
             raise
-        fail(name, f"{message.removeprefix(name + ': ')}\n{problem}", hint, frames=getattr(error, "learner_frames", None))
+        fail(name, f"{message.removeprefix(name + ': ')}\n{problem}", hint,
+             frames=getattr(error, "learner_frames", None))
 
 
 def _name_a_parameter(name, state: dict, expected: dict, before: dict, differing: list[str]) -> None:
