@@ -106,9 +106,13 @@ def test_a_cell_that_ignores_interrupts_ends_at_the_cell_time_limit(template, cl
 
 
 def test_a_kernel_that_ignores_interrupts_is_killed_at_the_submission_time_limit(template, client):
-    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=25, cell_timeout=600)
+    cell_limit = 600
+    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=25,
+                     cell_timeout=cell_limit)
     assert (result["status"], result["reason"]) == ("needs-attention", "timed out after 25 s (killed)")
-    assert result["seconds"] < 40
+    # The kill ended the grading, which otherwise waits out the cell's limit. A bound in seconds nearer the 25 s
+    # is a timed test: with another suite on the machine this grading took 45 s.
+    assert result["seconds"] < cell_limit / 2
 
 
 def test_the_same_machinery_grades_a_correct_notebook(template, client):
