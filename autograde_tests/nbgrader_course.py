@@ -14,10 +14,13 @@ import tempfile
 from pathlib import Path
 
 import nbformat
+from alembic.script import ScriptDirectory
 from nbgrader import utils
 from nbgrader.api import Gradebook
+from nbgrader.dbutil import ALEMBIC_DIR
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
+from sqlalchemy import create_engine, text
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
@@ -68,13 +71,20 @@ def start_gradebook(course: Path) -> None:
 
 @functools.cache
 def _empty_gradebook() -> bytes:
-    """nbgrader stamps each gradebook it creates with its schema's version, which it asks of `alembic`, a
-    process of its own that loads nbgrader again (about 2 s of a core): a copy is stamped already."""
-    _commands_of_this_python()
+    """nbgrader stamps a new gradebook with its schema's version, which it asks of the `alembic` command, a
+    process of its own that loads nbgrader again (about 2 s of a core). Here the stamp is read from
+    nbgrader's own migrations by alembic's API, in this process, and written first: nbgrader then adds its
+    tables to a gradebook already stamped. Made once in a process, then copied."""
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "gradebook.db"
-        Gradebook(f"sqlite:///{path}").close()
-        return path.read_bytes()
+        url = f"sqlite:///{Path(folder) / 'gradebook.db'}"
+        engine = create_engine(url)
+        with engine.begin() as db:
+            db.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))
+            db.execute(text("INSERT INTO alembic_version (version_num) VALUES (:head)"),
+                       {"head": ScriptDirectory(ALEMBIC_DIR).get_current_head()})
+        engine.dispose()
+        Gradebook(url).close()
+        return (Path(folder) / "gradebook.db").read_bytes()
 
 
 def is_test_cell(cell) -> bool:
