@@ -27,7 +27,17 @@ class _CalledFunctions(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class _RunOperators(TorchDispatchMode):
+class _Recorder(TorchDispatchMode):
+    """A dispatch mode that only watches. PyTorch wraps a mode's ``__torch_dispatch__`` to keep
+    ``torch.compile`` out of it, and the wrapper imports all of ``torch._dynamo`` on the first operator:
+    about 2 s of a core in every kernel that a check records in. Watching needs no such guard."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class _RunOperators(_Recorder):
     """Records the ATen operators a call runs: an alias or a wrapper cannot hide a built-in softmax."""
 
     def __init__(self, names: set[str]):
@@ -228,7 +238,7 @@ def sampled(generate, *args, **kwargs) -> dict:
     return {"tokens": tokens, "probs": spy.probs, "unseeded": spy.unseeded}
 
 
-class _Created(TorchDispatchMode):
+class _Created(_Recorder):
     """Watches every tensor the operators of a call create (views make none): the largest, and the
     elements made in all, the call's work in a unit that needs no list of operators."""
 
