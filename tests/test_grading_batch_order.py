@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from autograde_tests.grading.batch import Pair, _in_chapter_order
-from autograde_tests.grading.worker import Job
+from autograde_tests.grading.job import Job
 
 CHAPTERS = ["01_attention", "05_transformer", "07_attention_at_scale"]
 

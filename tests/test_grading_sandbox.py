@@ -20,7 +20,8 @@ from distributed import Client, LocalCluster
 
 from autograde_tests import course
 from autograde_tests.grading import worker
-from autograde_tests.grading.worker import Job, grade
+from autograde_tests.grading.job import Job
+from autograde_tests.grading.worker import grade
 
 from .adversarial import CHAPTER, solved, with_extra_cell
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from .. import exchange, nbgrader_course, submission_files
 from . import cluster, submissions
 from .advisories import advisories
-from .worker import Job
+from .job import Job
 
 WORK = ".grading"
 CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission

@@ -40,7 +40,6 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -48,26 +47,8 @@ import psutil
 
 from .. import nbgrader_course
 from . import cgroups
+from .job import Job
 from .kernels import KernelFault, WarmKernels, kill, terminate
-
-
-@dataclass(frozen=True)
-class Job:
-    """What the coordinator sends a grading worker for one submission (``grade``)."""
-
-    student: str
-    chapter: str
-    notebook: str  # the rebuilt submission (JSON)
-    config: str  # the course's nbgrader_config.py
-    solution: str  # the chapter's instructor notebook (JSON)
-    timeout: int  # seconds for the whole submission
-    cell_timeout: int
-    memory_bytes: int
-    output_chars: int
-    sandbox: bool
-    # Whether the worker starts the chapter's next kernel now: not for a chapter's last submissions, after
-    # which it would wait for nothing (each kernel costs about 2 s of a core to start).
-    start_next: bool = True
 
 
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters (malloc.h)
