@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import nbformat
-from alembic.script import ScriptDirectory
 from nbgrader import utils
 from nbgrader.api import Gradebook
 from nbgrader.dbutil import ALEMBIC_DIR
@@ -75,6 +74,8 @@ def _empty_gradebook() -> bytes:
     process of its own that loads nbgrader again (about 2 s of a core). Here the stamp is read from
     nbgrader's own migrations by alembic's API, in this process, and written first: nbgrader then adds its
     tables to a gradebook already stamped. Made once in a process, then copied."""
+    from alembic.script import ScriptDirectory  # only a process that makes a gradebook loads it (~0.4 s of a core)
+
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{Path(folder) / 'gradebook.db'}"
         engine = create_engine(url)
