@@ -6,8 +6,6 @@ a loopback to an agent in this process with such a reader stands for the sandbox
 """
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -316,14 +314,3 @@ def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monke
     with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):
         check_transformer(answer)
 
-
-def test_the_kernels_records_leave_torch_compile_unloaded():
-    """Recording a call's operators and the tensors they create in a fresh kernel loads no ``torch._dynamo``
-    (about 2 s of a core per graded kernel, from PyTorch's guard around a dispatch mode)."""
-    code = ("import sys, torch\nfrom autograde_tests.checks import in_kernel\nx = torch.ones(2, 3)\n"
-            "assert 'aten::_softmax' in in_kernel.operators_used(torch.softmax, (x, -1))\n"
-            "assert in_kernel.watched(torch.softmax, (x, -1), {})['elements'] == 6\n"
-            "print('torch._dynamo' in sys.modules)")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["False"]
