@@ -16,9 +16,9 @@ from pathlib import Path
 import nbformat
 from nbgrader import utils
 from nbgrader.api import Gradebook
-from nbgrader.dbutil import ALEMBIC_DIR
 from nbgrader.apps import NbGraderAPI
 from nbgrader.coursedir import CourseDirectory
+from nbgrader.dbutil import ALEMBIC_DIR
 from sqlalchemy import create_engine, text
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader

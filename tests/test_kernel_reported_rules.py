@@ -313,4 +313,3 @@ def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monke
     answer = graded(Memoriser, "05_transformer") if where == "graded run" else Memoriser
     with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):
         check_transformer(answer)
-
