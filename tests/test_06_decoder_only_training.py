@@ -1,6 +1,6 @@
 """Chapter 6's training on Shakespeare: the text and its split are right, a few steps make the loss fall, a
-run is reproducible and leaves the record the book plots. The full run is ``make train``, not a test; its
-cached record is checked here."""
+run is reproducible and leaves the record the book plots, with characters or chapter 8's BPE tokens, its loss
+also in bits per byte. The full runs are ``make train``, not tests; their cached records are checked here."""
 
 import json
 import math
@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from autograde_tests.reference.tokens import train_bpe
+
 from autograde_tests.authoring import lm_training
 from autograde_tests.authoring.lm_training import Config
 
@@ -16,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = Path(__file__).resolve().parents[1]
 CACHED_RUN = REPO / "book" / "_static" / "06_decoder_only" / "shakespeare.json"
+CACHED_BPE_RUN = REPO / "book" / "_static" / "08_tokens" / "bpe_run.json"
 TINY = dict(d_model=16, n_heads=2, n_layers=1, d_ff=32, block=16, batch_size=8, eval_batches=2, device="cpu")
 
 
@@ -79,3 +82,52 @@ def test_the_cached_run_reaches_two_nats_per_character_within_five_minutes():
     assert reached["seconds"] <= 300
     assert len(run["loss"]) == run["config"]["steps"] // run["loss_every"]
     assert CACHED_RUN.stat().st_size < 80_000
+
+
+def test_bits_per_byte_is_nats_per_token_times_tokens_per_byte_over_ln_2():
+    assert lm_training.bits_per_byte(math.log(2), 100, 100) == pytest.approx(1.0)  # one bit per character
+    assert lm_training.bits_per_byte(1.5, 100, 100) == pytest.approx(1.5 / math.log(2))
+    # a token of two bytes on average: the same loss per token is half as many bits per byte
+    assert lm_training.bits_per_byte(2 * math.log(2), 50, 100) == pytest.approx(1.0)
+    assert lm_training.bits_per_byte(math.log(256), 1, 1) == pytest.approx(8.0)  # uniform over the 256 bytes
+
+
+def test_a_tiny_bpe_run_learns_its_merges_from_the_training_split_and_records_bits_per_byte():
+    text = lm_training.load_text()[:30_000]
+    config = Config(steps=20, eval_every=10, tokens="bpe", vocab_size=300, **TINY)
+    result = lm_training.train(config, progress=False, text=text)
+    json.dumps(result)
+    assert result["vocab_size"] == 300 and len(result["merges"]) == 300 - 256
+    assert result["merges"] == [list(pair) for pair in train_bpe(lm_training.split(text)[0], 300)]
+    assert set(result["tokenizer_seconds"]) == {"train", "encode"}
+    assert result["held_out_bytes"] == 3_000 and result["held_out_tokens"] < 3_000  # merges shorten the text
+    assert result["tokens_per_byte"] == round(result["held_out_tokens"] / 3_000, 4)
+    assert result["bits_per_byte"] == pytest.approx(
+        lm_training.bits_per_byte(result["val_loss"], result["held_out_tokens"], 3_000), abs=1e-4)
+    assert len(result["loss"]) == 20 // lm_training.LOSS_EVERY
+    assert set(result["samples"]) == {str(t) for t in lm_training.TEMPERATURES}
+    assert all(isinstance(sample, str) and sample for sample in result["samples"].values())
+    assert "next_char" not in result and "vocab" not in result  # a character-level figure's data
+
+
+def test_the_cached_runs_bits_per_byte_follow_from_their_held_out_losses():
+    text = lm_training.load_text()
+    held_out = lm_training.split(text)[1]
+    characters, bpe = (json.loads(path.read_text()) for path in (CACHED_RUN, CACHED_BPE_RUN))
+    # One token per character, and the text is ASCII: the held-out split's characters are its bytes.
+    assert characters["held_out_tokens"] == len(held_out) == len(held_out.encode("utf-8")) == characters["held_out_bytes"]
+    for run in (characters, bpe):
+        assert run["held_out_bytes"] == len(held_out.encode("utf-8"))
+        assert run["bits_per_byte"] == round(
+            lm_training.bits_per_byte(run["val_loss"], run["held_out_tokens"], run["held_out_bytes"]), 4)
+
+
+def test_the_cached_bpe_run_is_the_character_runs_model_and_steps_on_its_merges():
+    characters, bpe = (json.loads(path.read_text()) for path in (CACHED_RUN, CACHED_BPE_RUN))
+    unchanged = {k: v for k, v in characters["config"].items() if k not in ("tokens", "vocab_size")}
+    assert {k: bpe["config"][k] for k in unchanged} == unchanged
+    assert bpe["config"]["tokens"] == "bpe" and bpe["vocab_size"] == bpe["config"]["vocab_size"] == 512
+    assert bpe["merges"] == [list(pair) for pair in train_bpe(lm_training.split(lm_training.load_text())[0], 512)]
+    assert len(bpe["loss"]) == bpe["config"]["steps"] // bpe["loss_every"]
+    assert set(bpe["samples"]) == {str(t) for t in lm_training.TEMPERATURES}
+    assert CACHED_BPE_RUN.stat().st_size < 80_000

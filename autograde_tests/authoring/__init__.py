@@ -1,7 +1,7 @@
 """The authors' tools: what the course's authors run to make the book and the release.
 
 - ``training``, ``lm_training``: the training runs whose results the book shows (``make train`` caches
-  them under ``book/_static/``, and chapters 5 and 6 plot them);
+  them under ``book/_static/``, and chapters 5, 6 and 8 plot them);
 - ``bench``: the benchmarks (``make bench`` writes ``book/benchmarks_measured.md``);
 - ``solution_regions``, ``notebook_form``: the solution notebooks' answers, written from the reference,
   and their form as JupyterLab saves it (``make release``, before nbgrader writes the learners'
