@@ -95,6 +95,15 @@ def test_run_cases_on_the_cpu_only_runs_and_counts_the_cpu_alone(capsys):
     assert set(where) == {"cpu"} and "(cpu;" in capsys.readouterr().out
 
 
+def test_run_cases_without_dtypes_runs_each_case_once_and_claims_no_device_nor_dtype(capsys):
+    seen = []
+    run_cases("f", [Case((2,), 0.1)], lambda i, case, device, dtype: seen.append((device.type, dtype)), dtypes=())
+    assert seen == [("cpu", None)] and capsys.readouterr().out == "✔ f: all 1 cases passed\n"
+    with pytest.raises(AssertionError) as failure:
+        run_cases("f", [Case((2,), 0.1)], lambda i, case, device, dtype: fail("f", "wrong", "fix it"), dtypes=())
+    assert str(failure.value) == "f: wrong\n  case: shape=(2,), eps=0.1\nHint: fix it"
+
+
 WRONG_SIGN = Mistake("the sign is flipped", "negate", lambda x: -x)
 DOUBLED = Mistake("doubled", "halve", lambda x: 2 * x)
 

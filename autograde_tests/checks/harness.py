@@ -61,8 +61,12 @@ def run_cases(name: str, cases: list, check_case: Callable, after: Callable = la
     ``prepare(index, case)``, when given, runs once per case, the first time the case runs (e.g. a learner's
     module built once whatever the device), and its result is ``check_case``'s fifth argument. ``dtypes`` of
     float64 alone is the path of checks that need it; ``cpu_only`` is for what takes no device (it makes its
-    tensors itself), which would only run twice on a GPU machine."""
-    where = [(device, dtype) for device, dtype in devices_and_dtypes(dtypes) if device.type == "cpu" or not cpu_only]
+    tensors itself), which would only run twice on a GPU machine. No ``dtypes`` at all is for what takes no
+    tensor (text, token ids): each case runs once, on the CPU, with None for its dtype."""
+    if dtypes:
+        where = [(device, dtype) for device, dtype in devices_and_dtypes(dtypes) if device.type == "cpu" or not cpu_only]
+    else:
+        where = [(torch.device("cpu"), None)]
     prepared = {}
     for device, dtype in where:
         for index, case in enumerate(cases):
@@ -87,7 +91,8 @@ def in_case(case, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         given = (", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in fields(case)) if is_dataclass(case)
                  else repr(case))
         problem, hint = (str(failure).split("\nHint: ", 1) + [None])[:2]
-        line = f"\n  case: {given}; {str(dtype).removeprefix('torch.')} on {torch.device(device).type}"
+        line = f"\n  case: {given}" + (f"; {str(dtype).removeprefix('torch.')} on {torch.device(device).type}"
+                                       if dtype is not None else "")
         raise type(failure)(problem + line + (f"\nHint: {hint}" if hint else ""), failure.learner_frames) from None
 
 
@@ -538,4 +543,4 @@ def copy_weights(name: str, learner: nn.Module, reference: nn.Module, hint: str,
 def passed(name: str, cases: int, dtypes=DTYPES, cpu_only: bool = False) -> None:
     where = "cpu" if cpu_only else ", ".join(d.type for d in devices())
     kinds = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
-    print(f"✔ {name}: all {cases} cases passed ({where}; {kinds})")
+    print(f"✔ {name}: all {cases} cases passed" + (f" ({where}; {kinds})" if dtypes else ""))

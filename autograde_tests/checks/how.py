@@ -47,17 +47,23 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
     catch what no source shows (a name computed at run time, a built-in called inside a library function);
     that record is the kernel's word (``kernel_reported``): the rule in JupyterLab, a note in a graded run.
     """
-    written = static_names(fn)
-    for fragment, what in forbidden.items():
-        used = named_like(fragment, written)
-        if used:
-            fail(name, _built_in_problem(what, used), BUILT_IN_HINT)
+    forbid_written(name, fn, forbidden)
     ran = learner_step(name, lambda: run_in_kernel(operators_used, fn, args), args)
     for fragment, what in forbidden.items():
         used = named_like(fragment, ran if isinstance(ran, list) else [])
         if used:
             kernel_reported(name, fn, _built_in_problem(what, used), BUILT_IN_HINT)
             return
+
+
+def forbid_written(name: str, fn: Callable, forbidden: Mapping[str, str], hint: str = BUILT_IN_HINT) -> None:
+    """The grader's own reading of the learner's source alone (``forbid_built_ins``' first reading): for what
+    is not a torch operator (a tokenizer library), which no record of the operators that ran would show."""
+    written = static_names(fn)
+    for fragment, what in forbidden.items():
+        used = named_like(fragment, written)
+        if used:
+            fail(name, _built_in_problem(what, used), hint)
 
 
 def named_like(fragment: str, names: Iterable) -> list[str]:
