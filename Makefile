@@ -77,16 +77,18 @@ grade: venv
 ## Measure the course's speed against PyTorch and the floor; writes book/benchmarks_measured.md (the appendix page includes it).
 ## Figure 6 (generation with and without the KV cache) also writes book/_static/06_decoder_only/generation_speed.json;
 ## ARGS="--figures 6" measures it alone (under a minute).
-## Figures 1-8 take about 1.5 hours on 2 cores; ARGS="--no-builds" skips figure 5 (make book, make test),
+## Figures 1-10 take about 1.5 hours on 2 cores; ARGS="--no-builds" skips figure 5 (make book, make test),
 ## ARGS="--figures 7" measures only attention at scale (chapter 7's figures; a few minutes).
-## ARGS="--figures 8" measures only the times the notebooks promise (a few minutes).
+## ARGS="--figures 8" measures only the times the notebooks promise (a few minutes); ARGS="--figures 10" only chapter 8's
+## byte-level BPE, the reference against tiktoken and Hugging Face's tokenizers (a few minutes).
 bench: venv
 	$(BIN)/python -m autograde_tests.authoring.bench $(ARGS)
 
 ## Train chapter 5's Transformer on the toy task, Post-LN then Pre-LN, then three runs of the paper's recipe (recipe/), then chapter 6's language model on
-## Shakespeare (a few minutes each on a CPU); writes the cached runs the books plot, book/_static/05_transformer/*.json
-## and book/_static/06_decoder_only/shakespeare.json (then `make clean book` redraws the pages: the execution
-## cache notices changed code, not changed data).
+## Shakespeare, one character per token and then one byte-level BPE token of chapter 8 (vocabulary of 512), a few minutes
+## each on a CPU; writes the cached runs the books plot, book/_static/05_transformer/*.json,
+## book/_static/06_decoder_only/shakespeare.json and book/_static/08_tokens/bpe_run.json (then `make clean book` redraws
+## the pages: the execution cache notices changed code, not changed data).
 train: venv
 	$(BIN)/python -m autograde_tests.authoring.training --out book/_static/05_transformer/post_ln.json
 	$(BIN)/python -m autograde_tests.authoring.training --norm-first --out book/_static/05_transformer/pre_ln.json
@@ -96,6 +98,7 @@ train: venv
 	$(BIN)/python -m autograde_tests.authoring.training --label-smoothing 0.1 --dropout 0.1 \
 		--out book/_static/05_transformer/recipe/cosine_smoothing_dropout.json
 	$(BIN)/python -m autograde_tests.authoring.lm_training --out book/_static/06_decoder_only/shakespeare.json
+	$(BIN)/python -m autograde_tests.authoring.lm_training --tokens bpe --vocab-size 512 --out book/_static/08_tokens/bpe_run.json
 
 ## Grade three scratch students end to end and show where their feedback went.
 demo: venv

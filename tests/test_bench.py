@@ -20,12 +20,26 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
     for figure in ("1. Autograding", "2. Class grading", "3. The reference against PyTorch", "4. Training",
                    "5. Building and testing", "6. Generating with and without the KV cache",
                    "7. Attention at scale", "8. The times the notebooks promise",
-                   "9. The similarity report against the size of the class"):
+                   "9. The similarity report against the size of the class",
+                   "10. Byte-level BPE: the reference against tiktoken and tokenizers"):
         assert f"## {figure}" in text
     assert "the floor" in text and "students/min" in text and "×" in text and "CPU:" in text
     assert "tiled, blocks of 32, T=128" in text and "MiB" in text
     assert "check that your Transformer can learn, all " in text and "(promised)" in text
     assert "the similarity report of 06_decoder_only (8 exercises), a class of 4" in text
+    assert "`train_bpe`, the text's first 20,000 characters (20,000 bytes), vocabulary of 300" in text
+
+
+def test_the_bpe_figure_alone_is_written_after_the_figures_numbered_below_ten(tmp_path):
+    out = tmp_path / "benchmarks.md"
+    out.write_text(OLD_PAGE)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "10", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert list(kept_sections(out)) == ["1", "3", "10"]  # in the order of their numbers, not of their names
+    rows = "\n".join(kept_sections(out)["10"])
+    assert "tiktoken's `encode`, the same merges" in rows and "`tokenizers`' `BpeTrainer`" in rows
+    assert "tiktoken's `_educational.bpe_train`" in rows and "the first 5,000 characters" in rows
 
 
 def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):

@@ -519,6 +519,69 @@ def promises(repeats: int, smoke: bool) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------------- 10. byte-level BPE
+
+def _tokenizers_trained(text: str, vocab_size: int):
+    """Hugging Face ``tokenizers``' byte-level BPE trained on ``text``: GPT-2's pre-tokenisation, the 256 bytes
+    to start from, as chapter 8's reference. The text goes in as one string, as the reference takes it (cut
+    into lines, the pieces at line ends differ)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return tokenizer
+
+
+def byte_pair_encoding(repeats: int, chars: int | None, vocab_sizes: list[int], educational_chars: int) -> list[Row]:
+    """Chapter 8's reference (pure Python) training and encoding the course's Shakespeare (its first ``chars``
+    characters; None: all of it), against tiktoken's encoding with
+    the same merges and Hugging Face ``tokenizers``' trainer and encoding with its own vocabulary of the same
+    size (both Rust); then, on the first ``educational_chars`` characters only, against tiktoken's
+    ``_educational.bpe_train``, which counts every pair of the whole text again at each merge (on all of it,
+    minutes per run)."""
+    import tiktoken
+    from tiktoken._educational import bpe_train
+
+    from ..reference.tokens import PATTERN, encode, token_bytes, train_bpe
+    from .lm_training import load_text
+
+    text = load_text()[:chars]
+    part = "the whole text" if chars is None else f"the text's first {chars:,} characters"
+    what = f"{part} ({len(text.encode('utf-8')):,} bytes)"
+    rows = []
+    for vocab_size in vocab_sizes:
+        train_bpe(text, vocab_size)  # warm-up, as for the Rust trainer below
+        ours = median_seconds(lambda: train_bpe(text, vocab_size), repeats)
+        _tokenizers_trained(text, vocab_size)
+        theirs = median_seconds(lambda: _tokenizers_trained(text, vocab_size), repeats)
+        rows.append(Row(f"`train_bpe`, {what}, vocabulary of {vocab_size}", f"{ours:.3g} s",
+                        f"{theirs:.3g} s (`tokenizers`' `BpeTrainer`)", f"{ours / theirs:.1f}×"))
+        merges = train_bpe(text, vocab_size)
+        tiktokens = tiktoken.Encoding(f"course-{vocab_size}", pat_str=PATTERN, special_tokens={},
+                                      mergeable_ranks={piece: i for i, piece in enumerate(token_bytes(merges))})
+        assert tiktokens.encode(text) == encode(text, merges)  # the same tokens, or the times would not compare
+        hugging_face = _tokenizers_trained(text, vocab_size)
+
+        def hugging_face_encode():
+            hugging_face.model._clear_cache()  # its cache of pieces outlives a call; the reference's does not
+            return hugging_face.encode(text).ids
+
+        ours = median_seconds(lambda: encode(text, merges), repeats)
+        for against, seconds in (("tiktoken's `encode`, the same merges", median_seconds(lambda: tiktokens.encode(text), repeats)),
+                                 ("`tokenizers`' `encode`, its own merges", median_seconds(hugging_face_encode, repeats))):
+            rows.append(Row(f"`encode`, {what}, vocabulary of {vocab_size}", f"{ours:.3g} s",
+                            f"{seconds:.3g} s ({against})", f"{ours / seconds:.1f}×"))
+    head = text[:educational_chars]
+    ours = median_seconds(lambda: train_bpe(head, vocab_sizes[0]), repeats)
+    educational = median_seconds(lambda: bpe_train(head, vocab_sizes[0], PATTERN, visualise=None), repeats)
+    rows.append(Row(f"`train_bpe`, the first {educational_chars:,} characters, vocabulary of {vocab_sizes[0]}",
+                    f"{ours:.3g} s", f"{educational:.3g} s (tiktoken's `_educational.bpe_train`)",
+                    f"{ours / educational:.2f}×"))
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ report
 
 
@@ -548,7 +611,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one run: proves the benchmark still runs")
-    parser.add_argument("--figures", nargs="+", choices=list("123456789"), default=list("123456789"),
+    numbers = [str(n) for n in range(1, 11)]
+    parser.add_argument("--figures", nargs="+", choices=numbers, default=numbers,
                         help="measure only these figures; the others stay as they are in --out")
     parser.add_argument("--no-builds", action="store_true", help="skip figure 5 (make book, make test)")
     parser.add_argument("--out", type=Path, default=REPO / "book" / "benchmarks_measured.md")
@@ -575,6 +639,8 @@ def main(argv=None) -> None:
         "8": ("The times the notebooks promise", lambda: promises(repeats, args.smoke)),
         "9": ("The similarity report against the size of the class",
               lambda: similarity_report(repeats, [4] if args.smoke else [100, 250, 500])),
+        "10": ("Byte-level BPE: the reference against tiktoken and tokenizers", lambda: byte_pair_encoding(
+            repeats, *((20_000, [300], 5_000) if args.smoke else (None, [512, 1024], 100_000)))),
     }
     chosen = [n for n in args.figures if not (n == "5" and args.no_builds)]
     sections = kept_sections(args.out)
@@ -585,7 +651,7 @@ def main(argv=None) -> None:
         title, measure = figures[number]
         sections[number] = table(f"{number}. {title}", measure(), measured(repeats, args.smoke))
         print("\n".join(sections[number]), flush=True)
-        args.out.write_text("\n".join(lines + [line for n in sorted(sections) for line in sections[n]]))
+        args.out.write_text("\n".join(lines + [line for n in sorted(sections, key=int) for line in sections[n]]))
 
 
 def header() -> list[str]:
