@@ -4,7 +4,9 @@ tests read.
 A row holds a chapter's id (its book page, its two notebooks and its nbgrader assignment), the names a
 learner writes in its notebook (the reference exports them from the chapter's module) and their checks, in
 the notebook's order, and one typical mistake, which ``make demo`` and the end-to-end tests hand in: a solution
-cell's grade id, a fragment of its code, and what a learner wrote instead. A graded kernel imports this table
+cell's grade id, a fragment of its code, and what a learner wrote instead; and the installed libraries that
+would compute the chapter's answers (a tokenizer library for chapter 8), which a kernel graded on it cannot
+import (``grading.kernel_view``). A graded kernel imports this table
 (through the reference's package), so it holds names and those fragments only, never code that computes an
 answer.
 """
@@ -18,6 +20,7 @@ class Chapter:
     graded: tuple[str, ...]
     checks: tuple[str, ...]
     typical_mistake: tuple[str, str, str]  # (solution cell, correct fragment, mistaken fragment)
+    answering_libraries: tuple[str, ...] = ()  # top-level packages, hidden from a kernel graded on this chapter
 
     @property
     def module(self) -> str:
@@ -53,6 +56,10 @@ CHAPTERS = (
     Chapter("07_attention_at_scale", ("online_softmax", "tiled_attention"),
             ("check_online_softmax", "check_tiled_attention"),
             ("tiled_attention", "acc * correction + p", "acc + p")),
+    Chapter("08_tokens", ("train_bpe", "encode", "decode"), ("check_train_bpe", "check_encode", "check_decode"),
+            ("decode", 'b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")',
+             '"".join(vocab[i].decode("utf-8", errors="replace") for i in ids)'),
+            answering_libraries=("tiktoken", "tokenizers", "transformers", "sentencepiece")),
 )
 
 

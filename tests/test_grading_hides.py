@@ -119,6 +119,16 @@ def test_a_graded_kernel_imports_what_it_needs_and_the_earlier_chapters_referenc
     assert failed_imports("06_decoder_only", needed, tmp_path) == {}
 
 
+def test_a_kernel_graded_on_the_tokens_chapter_can_import_no_tokenizer_library(tmp_path):
+    libraries = sorted(kernel_view.hidden_libraries("08_tokens"))
+    assert {"tiktoken", "tokenizers", "transformers"} <= set(libraries)  # installed here: the suite proves them
+    failed = failed_imports("08_tokens", libraries + [f"{name}.{sub}" for name, sub in (
+        ("tiktoken", "core"), ("tokenizers", "models"))], tmp_path)
+    assert set(failed) == set(libraries) | {"tiktoken.core", "tokenizers.models"}
+    assert all(WHY in why for why in failed.values())
+    assert failed_imports("07_attention_at_scale", libraries, tmp_path) == {}  # hidden for chapter 8 only
+
+
 @pytest.mark.parametrize("chapter", course.chapters(REPO))
 def test_the_suites_stand_in_for_the_kernel_hides_what_the_sandbox_hides(chapter, tmp_path):
     every = [name for name in kernel_view.modules() if not name.endswith("__main__")]  # importing one would run it
