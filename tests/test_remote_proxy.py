@@ -66,6 +66,13 @@ def test_exceptions_keep_python_s_own_classes_and_others_are_named():
     assert leaving.value.type_name == "SystemExit"
 
 
+def test_a_built_in_exception_that_takes_more_than_a_message_comes_back_named():
+    (fn,) = learner(fn=lambda data: data.decode("utf-8"))
+    with pytest.raises(RemoteError, match="can't decode byte") as raised:
+        fn(b"\xe2\x82")
+    assert raised.value.type_name == "UnicodeDecodeError"
+
+
 def test_a_name_the_learner_never_defined_is_a_name_error():
     with pytest.raises(NameError, match="not_there"):
         Session(Loopback()).lookup("not_there")

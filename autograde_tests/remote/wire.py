@@ -60,7 +60,10 @@ def exception(raised) -> Exception:
         return WireError("a malformed exception")
     type_name, message = raised
     cls = BUILTIN_EXCEPTIONS.get(type_name)
-    return cls(message) if cls is not None else RemoteError(type_name, message)
+    try:
+        return cls(message) if cls is not None else RemoteError(type_name, message)
+    except TypeError:  # a built-in that takes more than a message (UnicodeDecodeError takes five arguments)
+        return RemoteError(type_name, message)
 
 
 def encode(value, handle: Callable[[object], dict | None] | None = None, pickles: bool = False) -> str:
