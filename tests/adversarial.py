@@ -340,14 +340,14 @@ DAMAGED = [
 CASES = [CANARY, *HOSTILE, *HONEST, *DAMAGED]
 
 
-# ------------------------------------------------------------------ chapters 5, 6 and 7: what each can gain
+# ------------------------------------------------------------------ chapters 5 to 8: what each can gain
 
-TRANSFORMER, DECODER_ONLY, AT_SCALE = "05_transformer", "06_decoder_only", "07_attention_at_scale"
-POINTS = {TRANSFORMER: 20, DECODER_ONLY: 24, AT_SCALE: 9}
+TRANSFORMER, DECODER_ONLY, AT_SCALE, TOKENS = "05_transformer", "06_decoder_only", "07_attention_at_scale", "08_tokens"
+POINTS = {TRANSFORMER: 20, DECODER_ONLY: 24, AT_SCALE: 9, TOKENS: 11}
 # test_positional_encoding 2, test_encoder_layer 3, test_decoder_layer 4, test_transformer 5,
 # test_teacher_forcing_loss 3, test_greedy_decode 3; test_rms_norm 2, test_apply_rotary 3, test_decoder_block 5,
 # test_gpt 3, test_lm_loss 2, test_generate 4, test_load_hf_llama 2, test_load_meta_llama 3; test_online_softmax 3,
-# test_tiled_attention 6.
+# test_tiled_attention 6; test_train_bpe 6, test_encode 3, test_decode 2.
 
 
 def replaced(grade_id: str, source: str) -> Callable:
@@ -524,6 +524,33 @@ import autograde_tests.checks.in_kernel as b
 _watched = b.watched
 b.watched = lambda *args, **kwargs: {**_watched(*args, **kwargs), "largest": None, "elements": 1, "reads": 1}
 '''
+# chapter 8: the checks' trainer; a tokenizer library reached by a name no reading of the source can see (the
+# sandbox has none to import); decoding into one bytearray, a right reading: full marks
+TRAIN_BY_THE_CHECKS = '''
+def train_bpe(text, vocab_size, special_tokens=()):
+    from autograde_tests.checks.tokens import _trainer  # the reference, edited with no change
+    return _trainer()(text, vocab_size, special_tokens)
+'''
+ENCODE_BY_A_LIBRARY = '''
+def encode(text, merges, special_tokens=()):
+    import importlib
+    library = importlib.import_module("tik" + "token")
+    vocab = [bytes([b]) for b in range(256)]
+    for left, right in merges:
+        vocab.append(vocab[left] + vocab[right])
+    special = {s: len(vocab) + j for j, s in enumerate(special_tokens)}
+    ranks = {piece: i for i, piece in enumerate(vocab)}
+    return library.Encoding("borrowed", pat_str=PATTERN, mergeable_ranks=ranks,
+                            special_tokens=special).encode(text, allowed_special="all")
+'''
+DECODE_INTO_A_BYTEARRAY = '''
+def decode(ids, merges, special_tokens=()):
+    vocab = token_bytes(merges, special_tokens)
+    out = bytearray()
+    for i in ids:
+        out += vocab[i]
+    return out.decode("utf-8", errors="replace")
+'''
 
 LATER = [
     Case("imports_the_reference_05", replaced("transformer", "from autograde_tests.reference import Transformer"),
@@ -568,4 +595,9 @@ LATER = [
          chapter=AT_SCALE),
     links_to_the_instructors(AT_SCALE),
     *resource_cases(AT_SCALE),
+    Case("imports_the_reference_08", replaced("train_bpe", "from autograde_tests.reference import train_bpe"),
+         11 - 6, chapter=TOKENS),
+    Case("train_bpe_by_the_checks_08", replaced("train_bpe", TRAIN_BY_THE_CHECKS), 11 - 6, chapter=TOKENS),
+    Case("encode_by_a_library_08", replaced("encode", ENCODE_BY_A_LIBRARY), 11 - 3, chapter=TOKENS),
+    Case("decode_into_a_bytearray_08", replaced("decode", DECODE_INTO_A_BYTEARRAY), 11, chapter=TOKENS),
 ]

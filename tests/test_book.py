@@ -18,7 +18,7 @@ FIGURES["04_ffn_layernorm_residual"] = 5
 FIGURES["05_transformer"] = 6
 FIGURES["06_decoder_only"] = 5
 FIGURES["07_attention_at_scale"] = 3
-FIGURES["08_tokens"] = 2
+FIGURES["08_tokens"] = 3
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,7 @@ def compiled(request):
 GENERATORS = {
     "06_decoder_only": ("autograde_tests.checks.decoder_only", ["_sample", "_gpt", "_block", "_reordered"]),
     "07_attention_at_scale": ("autograde_tests.checks.attention_at_scale", ["_tiled", "_online"]),
+    "08_tokens": ("autograde_tests.checks.tokens", ["_trainer", "_encoder", "_decoder"]),
 }
 EARLIER = "autograde_tests.checks.transformer._greedy"  # an earlier chapter's checks are hidden too
 REACH_FOR_THEM = '''
@@ -99,7 +100,8 @@ print(json.dumps(seen))
 
 
 @pytest.mark.parametrize("compiled", [["autograde_tests.checks.decoder_only", "autograde_tests.checks.attention_at_scale",
-                                       "autograde_tests.reference.decoder_only"]], indirect=True)
+                                       "autograde_tests.checks.tokens", "autograde_tests.reference.decoder_only"]],
+                         indirect=True)
 @pytest.mark.parametrize("chapter", GENERATORS)
 def test_a_graded_kernel_can_reach_neither_the_checks_generators_nor_the_reference(chapter, compiled, tmp_path):
     module, names = GENERATORS[chapter]

@@ -1,4 +1,4 @@
-"""Chapters 5, 6 and 7's attacks, and honest answers that must keep full marks (``adversarial.LATER``), graded
+"""Chapters 5 to 8's attacks, and honest answers that must keep full marks (``adversarial.LATER``), graded
 in one batch through `python -m autograde_tests.grading`, kernels in bubblewrap: each gets its exact outcome,
 and what a submission tried against the machine stayed within the bounds the OS counted from outside."""
 
