@@ -72,6 +72,8 @@ def merge_pair(tokens, pair, new):
 
 def train_by_recounting(text, vocab_size, special_tokens=()):
     """Counts every pair of every occurrence of every piece again after each merge."""
+    if vocab_size < 256 + len(special_tokens):
+        raise ValueError("no room for the bytes and the special tokens")
     words = words_of(text, special_tokens)
     merges = []
     for new in range(256, vocab_size - len(special_tokens)):
@@ -89,6 +91,8 @@ def train_by_recounting(text, vocab_size, special_tokens=()):
 
 def train_on_bytes(text, vocab_size, special_tokens=()):
     """Works on tuples of bytes objects, the distinct pieces weighted by their count; ids only at the end."""
+    if vocab_size - 256 - len(special_tokens) < 0:
+        raise ValueError(f"vocab_size {vocab_size} is too small")
     pieces = {}
     for w in words_of(text, special_tokens):
         key = tuple(bytes([b]) for b in w)
@@ -358,6 +362,15 @@ def test_training_past_the_end_of_the_text_is_named_with_the_early_stop():
         check_train_bpe(never_stops)
 
 
+def test_a_vocabulary_too_small_for_the_bytes_and_special_tokens_must_be_refused():
+    def makes_no_merges(text, vocab_size, special_tokens=()):
+        return reference_train_bpe(text, max(vocab_size, 256 + len(special_tokens)), special_tokens)
+
+    with pytest.raises(AssertionError, match=r"train_bpe: returned a result when given vocab_size 257 with two special "
+                                             r"tokens .*; the notebook asks for a ValueError\nHint: check first"):
+        check_train_bpe(makes_no_merges)
+
+
 # ------------------------------------------------------------------------------ encode: correct
 
 
@@ -466,6 +479,8 @@ def vocabulary(merges, special_tokens):
 
 def decode_with_a_cached_vocabulary(ids, merges, special_tokens=()):
     table = vocabulary(tuple(map(tuple, merges)), tuple(special_tokens))
+    if any(i < 0 for i in ids):  # a negative index would read the list from its end
+        raise ValueError("negative token id")
     return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
 
 
@@ -527,6 +542,16 @@ def test_decode_check_names_the_mistake(decode, message, capsys):
     with pytest.raises(AssertionError, match=message):
         check_decode(decode)
     assert "✔" not in capsys.readouterr().out
+
+
+def test_an_id_outside_the_vocabulary_must_be_refused_not_read_from_the_end():
+    def reads_negative_ids(ids, merges, special_tokens=()):
+        table = token_bytes(merges, special_tokens)
+        return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
+
+    with pytest.raises(AssertionError, match=r"decode: returned a result when given the id -1, which a vocabulary of "
+                                             r"258 tokens does not have; the notebook asks for a ValueError"):
+        check_decode(reads_negative_ids)
 
 
 def test_a_decode_that_raises_on_uncut_ids_too_is_not_told_about_the_cut():

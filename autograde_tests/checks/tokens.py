@@ -28,6 +28,7 @@ from .harness import (
     candidates,
     describe,
     edited,
+    exception_name,
     fail,
     name_the_mistake,
     run_cases,
@@ -174,6 +175,18 @@ def _cut(ids: list[int]) -> list[int]:
 
 def _is_int(x) -> bool:
     return type(x) is int  # not a bool, not a tensor
+
+
+def _expect_refused(name: str, fn, args: tuple, given: str, hint: str, accepted: tuple = (ValueError,)) -> None:
+    """``fn(*args)`` must raise ValueError (or one of ``accepted``), as the notebook asks for an input it cannot
+    honour (``given``), rather than return something made up."""
+    try:
+        fn(*args)
+    except accepted:
+        return
+    except Exception as exc:  # the learner's code may raise anything
+        fail(name, f"raised {exception_name(exc)} when given {given}; the notebook asks for a ValueError", hint)
+    fail(name, f"returned a result when given {given}; the notebook asks for a ValueError", hint)
 
 
 def _expect_merges(name: str, merges) -> list[tuple[int, int]]:
@@ -418,8 +431,13 @@ def check_train_bpe(train_bpe, hidden: bool = False) -> None:
             name_the_mistake(name, "the merges", _long(merges), _long(expected), _as(_long, mistaken), exact=True,
                              otherwise=lambda: _first_different_merge(name, text, case, merges, expected))
 
+    def too_small() -> None:
+        _expect_refused(name, train_bpe, ("ab ab", 257, ["<s>", "</s>"]), "vocab_size 257 with two special tokens "
+                        "(256 bytes + 2 special tokens need 258)",
+                        "check first: if vocab_size < 256 + len(special_tokens), raise ValueError(...).")
+
     forbid_written(name, train_bpe, LIBRARIES, LIBRARY_HINT)
-    run_cases(name, cases, check_case, dtypes=())
+    run_cases(name, cases, check_case, after=too_small, dtypes=())
 
 
 # --------------------------------------------------------------------------------------------- encode
@@ -634,5 +652,13 @@ def check_decode(decode, hidden: bool = False) -> None:
             name_the_mistake(name, "the text", _code_points(text), _code_points(expected), _as(_code_points, mistaken),
                              exact=True, otherwise=lambda: _first_different_character(name, text, expected))
 
+    def unknown_ids() -> None:
+        # An IndexError or KeyError from looking the id up refuses it too: what must not happen is a made-up text.
+        for ids in ([97, 258], [-1]):
+            _expect_refused(name, decode, (ids, [(97, 98), (256, 99)]), f"the id {ids[-1]}, which a vocabulary of 258 "
+                            "tokens does not have", "check every id first: if not 0 <= i < len(vocab), raise "
+                            "ValueError(...) (a negative index would read a token from the end of a list).",
+                            accepted=(ValueError, LookupError))
+
     forbid_written(name, decode, LIBRARIES, LIBRARY_HINT)
-    run_cases(name, cases, check_case, dtypes=())
+    run_cases(name, cases, check_case, after=unknown_ids, dtypes=())

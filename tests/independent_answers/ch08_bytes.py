@@ -5,6 +5,8 @@ import regex
 
 
 def train_bpe(text, vocab_size, special_tokens=()):
+    if vocab_size < 256 + len(special_tokens):
+        raise ValueError("vocab_size is smaller than the bytes and the special tokens")
     pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
     for token in sorted(special_tokens, key=len, reverse=True):
         text = text.replace(token, "\0")  # a boundary: the pieces are found between the NUL characters
@@ -71,4 +73,6 @@ def decode(ids, merges, special_tokens=()):
     for a, b in merges:
         spelled.append(spelled[a] + spelled[b])
     spelled.extend(s.encode("utf-8") for s in special_tokens)
+    if any(i < 0 or i >= len(spelled) for i in ids):
+        raise ValueError("an id outside the vocabulary")
     return bytes().join(spelled[i] for i in ids).decode("utf-8", "replace")

@@ -6,6 +6,8 @@ import regex
 
 
 def train_bpe(text, vocab_size, special_tokens=()):
+    if vocab_size < 256 + len(special_tokens):
+        raise ValueError("vocab_size too small")
     split = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     specials = sorted(special_tokens, key=len, reverse=True)
     chunks = regex.split(f"({'|'.join(map(regex.escape, specials))})", text) if specials else [text]
@@ -62,4 +64,6 @@ def decode(ids, merges, special_tokens=()):
     for left, right in merges:
         table.append(table[left] + table[right])
     table += [s.encode() for s in special_tokens]
+    if not all(0 <= i < len(table) for i in ids):
+        raise ValueError("an id outside the vocabulary")
     return b"".join(table[i] for i in ids).decode(errors="replace")

@@ -104,6 +104,8 @@ def decode(ids, merges, special_tokens=()):
             return parts[i]
         return special_tokens[i - 256 - len(merges)].encode("utf-8")
 
+    if any(not 0 <= i < 256 + len(merges) + len(special_tokens) for i in ids):
+        raise ValueError("an id outside the vocabulary")
     buffer = bytearray()
     for i in ids:
         buffer += spelled(i)

@@ -4,6 +4,8 @@ import regex
 
 
 def train_bpe(text, vocab_size, special_tokens=()):
+    if vocab_size - 256 - len(special_tokens) < 0:
+        raise ValueError("vocab_size too small")
     pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     chunks = [text]
     if special_tokens:
@@ -90,5 +92,7 @@ def decode(ids, merges, special_tokens=()):
         table[256 + len(merges) + j] = special_tokens[j].encode("utf-8")
     data = b""
     for i in ids:
+        if i not in table:
+            raise ValueError(f"unknown id {i}")
         data += table[i]
     return data.decode("utf-8", errors="replace")

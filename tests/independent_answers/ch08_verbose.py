@@ -5,6 +5,8 @@ import regex
 
 
 def train_bpe(text, vocab_size, special_tokens=()):
+    if vocab_size - 256 - len(special_tokens) < 0:
+        raise ValueError(f"vocab_size {vocab_size} cannot hold 256 bytes and {len(special_tokens)} special tokens")
     gpt2_pattern = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
     # 1. Cut out the special tokens: the text between them is trained on, they are not.
@@ -116,6 +118,9 @@ def decode(ids, merges, special_tokens=()):
     first_special_id = 256 + len(merges)
     for offset, token in enumerate(special_tokens):
         bytes_of_token[first_special_id + offset] = token.encode("utf-8")
+    unknown = [token_id for token_id in ids if token_id not in bytes_of_token]
+    if unknown:
+        raise ValueError(f"ids not in the vocabulary: {unknown}")
     # Join first, decode once: a character may be split between two tokens.
     all_bytes = b"".join(bytes_of_token[token_id] for token_id in ids)
     return all_bytes.decode("utf-8", errors="replace")
