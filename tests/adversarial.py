@@ -548,6 +548,8 @@ def decode(ids, merges, special_tokens=()):
     vocab = token_bytes(merges, special_tokens)
     out = bytearray()
     for i in ids:
+        if not 0 <= i < len(vocab):
+            raise ValueError(f"no token {i}")
         out += vocab[i]
     return out.decode("utf-8", errors="replace")
 '''
