@@ -73,12 +73,17 @@ def measure(chapter: str) -> list[Separation]:
     return found
 
 
+def row(chapter: str, s: Separation) -> str:
+    """The instructor guide's table row for one exercise's separation."""
+    return f"| {chapter} | `{s.exercise}` | {s.lowest_copy:.2f} ({s.copied_by}) | {s.highest_independent:.2f} |"
+
+
 def main() -> None:
     print("| chapter | exercise | lowest copy (disguise) | highest independent |")
     print("| --- | --- | --- | --- |")
     for chapter in course.chapters(REPO):
         for s in measure(chapter):
-            print(f"| {chapter} | `{s.exercise}` | {s.lowest_copy:.2f} ({s.copied_by}) | {s.highest_independent:.2f} |")
+            print(row(chapter, s))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 answer), never an independent answer, and a learner's text never breaks its page."""
 
 import html.parser
+import re
 import textwrap
 from pathlib import Path
 
@@ -23,10 +24,17 @@ CHAPTER = "06_decoder_only"
 
 @pytest.mark.parametrize("chapter", course.chapters(REPO))
 def test_disguised_copies_reach_the_threshold_and_independent_answers_stay_below(chapter):
+    """And the instructor guide says so: its table holds each exercise's measured row, and its bounds hold."""
+    guide = (REPO / "book" / "instructor_guide.md").read_text()
+    copies = float(re.search(r"Every copy scores (\d\.\d\d) or more", guide).group(1))
+    independent = float(re.search(r"every independent pair (\d\.\d\d) or less", guide).group(1))
     for s in similarity_measure.measure(chapter):
         assert s.lowest_copy >= similarity.THRESHOLD, s
+        assert similarity_measure.row(chapter, s) in guide.splitlines(), s
+        assert round(s.lowest_copy, 2) >= copies, s
         if s.exercise not in similarity.FEW_WAYS:
             assert s.highest_independent < similarity.THRESHOLD, s
+            assert round(s.highest_independent, 2) <= independent, s
 
 
 def answered(root: Path, bodies) -> nbformat.NotebookNode:
