@@ -610,3 +610,15 @@ def test_a_tokenizer_library_fails_a_graded_run_by_the_source(check, source):
     with pytest.raises(AssertionError, match=rf"calls .*\(.*{library}.*\), which this exercise asks you to write "
                                              r"yourself\nHint: write it with Python's own"):
         check(graded)
+
+
+
+def test_a_name_of_the_learners_own_that_holds_a_librarys_name_is_not_refused(capsys):
+    source = ("def answer(ids, merges, special_tokens=()):\n    tokenizers_list = token_bytes(merges, special_tokens)\n"
+              "    if any(not 0 <= i < len(tokenizers_list) for i in ids):\n        raise ValueError(ids)\n"
+              "    return b''.join(tokenizers_list[i] for i in ids).decode('utf-8', errors='replace')")
+    namespace = {"token_bytes": token_bytes}
+    exec(source, namespace)  # noqa: S102 (the test's own source)
+    kernel = Agent({"answer": namespace["answer"]})
+    check_decode(connected(kernel, static_names=StaticNames([source])).lookup("answer"))
+    assert "✔ decode" in capsys.readouterr().out

@@ -56,12 +56,16 @@ def forbid_built_ins(name: str, fn: Callable, args: tuple, forbidden: Mapping[st
             return
 
 
-def forbid_written(name: str, fn: Callable, forbidden: Mapping[str, str], hint: str = BUILT_IN_HINT) -> None:
+def forbid_written(name: str, fn: Callable, forbidden: Mapping[str, str], hint: str = BUILT_IN_HINT,
+                   modules: bool = False) -> None:
     """The grader's own reading of the learner's source alone (``forbid_built_ins``' first reading): for what
-    is not a torch operator (a tokenizer library), which no record of the operators that ran would show."""
+    is not a torch operator (a tokenizer library), which no record of the operators that ran would show.
+    With ``modules``, each key is a module, found as the first dotted part of a name the source reaches
+    (``tiktoken``, ``tiktoken.Encoding``), never inside a learner's own name (``tokenizers_list``)."""
     written = static_names(fn)
     for fragment, what in forbidden.items():
-        used = named_like(fragment, written)
+        used = (sorted(n for n in written if isinstance(n, str) and n.split(".")[0] == fragment) if modules
+                else named_like(fragment, written))
         if used:
             fail(name, _built_in_problem(what, used), hint)
 

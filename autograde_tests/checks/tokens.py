@@ -436,7 +436,7 @@ def check_train_bpe(train_bpe, hidden: bool = False) -> None:
                         "(256 bytes + 2 special tokens need 258)",
                         "check first: if vocab_size < 256 + len(special_tokens), raise ValueError(...).")
 
-    forbid_written(name, train_bpe, LIBRARIES, LIBRARY_HINT)
+    forbid_written(name, train_bpe, LIBRARIES, LIBRARY_HINT, modules=True)
     run_cases(name, cases, check_case, after=too_small, dtypes=())
 
 
@@ -551,7 +551,7 @@ def check_encode(encode, hidden: bool = False) -> None:
             name_the_mistake(name, "the ids", _long(ids), _long(expected), _as(_long, mistaken), exact=True,
                              otherwise=lambda: _first_different_id(name, text, merges, case, ids, expected))
 
-    forbid_written(name, encode, LIBRARIES, LIBRARY_HINT)
+    forbid_written(name, encode, LIBRARIES, LIBRARY_HINT, modules=True)
     run_cases(name, cases, check_case, dtypes=())
 
 
@@ -660,5 +660,5 @@ def check_decode(decode, hidden: bool = False) -> None:
                             "ValueError(...) (a negative index would read a token from the end of a list).",
                             accepted=(ValueError, LookupError))
 
-    forbid_written(name, decode, LIBRARIES, LIBRARY_HINT)
+    forbid_written(name, decode, LIBRARIES, LIBRARY_HINT, modules=True)
     run_cases(name, cases, check_case, after=unknown_ids, dtypes=())
