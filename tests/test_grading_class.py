@@ -57,10 +57,25 @@ def graded(tmp_path_factory, answers_server):
     return root, run
 
 
-@pytest.fixture
-def regraded(graded, tmp_path) -> Path:
-    """A copy of the graded class, for a test that grades it again: the shared one stays as graded."""
-    return Path(shutil.copytree(graded[0], tmp_path / "class", symlinks=True))
+@pytest.fixture(scope="module")
+def regraded(graded, tmp_path_factory):
+    """A copy of the graded class (the shared one stays as graded) graded again on chapter 1 with
+    --zip-collect after three changes: one learner hands in a corrected notebook, another a broken one, and
+    an LMS download brings a new learner. Returns the copy, the run, and the broken learner's autograded
+    notebook and the state as they were before."""
+    root = Path(shutil.copytree(graded[0], tmp_path_factory.mktemp("regraded") / "class", symlinks=True))
+    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    nbformat.write(solved(release), root / "submitted" / "modifies_inputs_in_place" / CHAPTER / f"{CHAPTER}.ipynb")
+    (root / "submitted" / "correct" / CHAPTER / f"{CHAPTER}.ipynb").write_text("{ broken")
+    archive = root / "downloaded" / CHAPTER / "archive"
+    archive.mkdir(parents=True)
+    with zipfile.ZipFile(archive / "lms_download.zip", "w") as bundle:
+        bundle.writestr(f"zoe_{CHAPTER}.ipynb", nbformat.writes(solved(release)))
+    before = {"autograded": (root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes(),
+              "state": outcomes(root)}
+    run = grade(root, "--chapter", CHAPTER, "--zip-collect")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return root, run, before
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.student)
@@ -141,38 +156,26 @@ def test_class_report_has_plots_failure_rates_and_mistakes(graded):
 
 
 def test_rerun_grades_only_what_changed(regraded):
-    root = regraded
-    notebook = root / "submitted" / "modifies_inputs_in_place" / CHAPTER / f"{CHAPTER}.ipynb"
-    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
-    nbformat.write(solved(release), notebook)
-    run = grade(root, "--chapter", CHAPTER)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "1 graded" in run.stdout
+    root, run, before = regraded
     assert outcomes(root)[f"modifies_inputs_in_place/{CHAPTER}"]["score"] == 6
+    again = {pair for pair, outcome in outcomes(root).items() if outcome != before["state"].get(pair)}
+    # what changed, and what needed attention before (judged again each run: nothing of it was kept)
+    needed_attention = {pair for pair, outcome in before["state"].items() if outcome["status"] == "needs-attention"}
+    changed = {f"{student}/{CHAPTER}" for student in ("modifies_inputs_in_place", "correct", "zoe")}
+    assert changed <= again <= changed | needed_attention, again - changed
+    assert "\n2 graded, " in run.stdout, run.stdout[-2000:]
 
 
 def test_a_failed_regrade_keeps_the_earlier_grade(regraded):
-    root = regraded
-    notebook = root / "submitted" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
-    autograded = root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb"
-    before = autograded.read_bytes()
-    notebook.write_text("{ broken")
-    run = grade(root, "--chapter", CHAPTER)
-    assert run.returncode == 0 and "needs attention  correct / 01_attention: unreadable notebook" in run.stdout
+    root, run, before = regraded
+    assert "needs attention  correct / 01_attention: unreadable notebook" in run.stdout
     with nbgrader_course.gradebook(root) as gradebook:
         assert gradebook.find_submission(CHAPTER, "correct").score == 6
-    assert autograded.read_bytes() == before
+    assert (root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == before["autograded"]
 
 
 def test_an_lms_zip_is_collected_and_graded(regraded):
-    root = regraded
-    release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
-    archive = root / "downloaded" / CHAPTER / "archive"
-    archive.mkdir(parents=True)
-    with zipfile.ZipFile(archive / "lms_download.zip", "w") as bundle:
-        bundle.writestr(f"zoe_{CHAPTER}.ipynb", nbformat.writes(solved(release)))
-    run = grade(root, "--chapter", CHAPTER, "--zip-collect")
-    assert run.returncode == 0, run.stderr[-2000:]
+    root, _, _ = regraded
     assert outcomes(root)[f"zoe/{CHAPTER}"]["score"] == 6
 
 

@@ -1,7 +1,8 @@
 """Nothing answer-shaped in a graded kernel: inside the real sandbox, a kernel graded on a chapter can import
 neither that chapter's reference nor any check (whose mistake generators, with their default flags, are
-the reference), nor read their source or compiled copies; a submission that calls a check's generator
-scores nothing for it; and the suite's stand-in for the kernel hides exactly what the sandbox hides."""
+the reference), nor read their source or compiled copies; and the suite's stand-in for the kernel hides
+exactly what the sandbox hides. (A submission that calls a check's generator scores nothing for it: graded in
+the later chapters' batch, ``test_grading_later_chapters``.)"""
 
 import importlib
 import importlib.util
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import course
 from autograde_tests.chapters import hidden_in_grading
 from autograde_tests.grading import bubblewrap, kernel_view
 from autograde_tests.grading.sandbox_kernel import bwrap_arguments, connection_file
@@ -145,32 +146,3 @@ def test_the_suites_stand_in_for_the_kernel_hides_what_the_sandbox_hides(chapter
     assert set(in_the_sandbox) == refused
     assert all(WHY in why for why in in_the_sandbox.values())
     assert f"autograde_tests.checks.{hidden_in_grading(chapter)[0]}" in refused
-
-
-CALLS_THE_CHECKS_GENERATOR = '''
-@torch.no_grad()
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
-    from autograde_tests.checks.decoder_only import _sample  # the reference's sampling, edited with no change
-    return _sample()(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
-'''
-
-
-def test_a_generate_that_calls_the_checks_generator_scores_nothing_for_it(tmp_path):
-    chapter = "06_decoder_only"
-    root = course.scratch_course(REPO, tmp_path / "class")
-    course.release(root, chapter)
-    course.submit(root, "correct", chapter, course.solved(root, chapter))
-    borrowing = course.solved(root, chapter)
-    next(c for c in borrowing.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "generate").source = \
-        CALLS_THE_CHECKS_GENERATOR
-    course.submit(root, "borrower", chapter, borrowing)
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1",
-                          "--timeout", "300", "--cell-timeout", "120"], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
-    state = json.loads((root / ".grading" / "state.json").read_text())
-    correct, borrower = state[f"correct/{chapter}"], state[f"borrower/{chapter}"]
-    assert correct["status"] == "graded" and correct["score"] == correct["max_score"] > 0, correct["reason"]
-    with nbgrader_course.gradebook(root) as book:
-        generate = book.find_grade("test_generate", chapter, chapter, "borrower").auto_score
-    assert borrower["status"] == "graded" and generate == 0, borrower["reason"] or borrower["messages"]
-    assert borrower["score"] == borrower["max_score"] - 4, borrower  # the other exercises keep their points

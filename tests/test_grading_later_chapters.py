@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import course, nbgrader_course
 from autograde_tests.grading import cgroups
 
 from .adversarial import CHAPTER, DECODER_ONLY, LATER, SHM_NAME
@@ -52,6 +52,14 @@ def test_the_feedback_names_the_mistake_a_grouped_query_block_or_a_checkpoint_lo
     notebook = nbformat.read(graded / "autograded" / student / DECODER_ONLY / f"{DECODER_ONLY}.ipynb", as_version=4)
     errors = [o.get("evalue", "") for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     assert any(problem in error for error in errors), errors
+
+
+def test_a_generate_that_calls_the_checks_generator_scores_nothing_for_it(graded):
+    """The checks' generators are the reference with a flag: a kernel cannot import them, so the exercise
+    that calls one scores 0 and the others keep their points (its exact total: ``adversarial.LATER``)."""
+    with nbgrader_course.gradebook(graded) as book:
+        generate = book.find_grade("test_generate", DECODER_ONLY, DECODER_ONLY, "generate_by_the_checks_06")
+        assert generate.auto_score == 0 < generate.max_score
 
 
 @pytest.mark.parametrize("case", [c for c in LATER if c.bounded], ids=lambda c: f"{c.student}/{c.chapter}")
