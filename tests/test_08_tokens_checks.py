@@ -612,7 +612,6 @@ def test_a_tokenizer_library_fails_a_graded_run_by_the_source(check, source):
         check(graded)
 
 
-
 def test_a_name_of_the_learners_own_that_holds_a_librarys_name_is_not_refused(capsys):
     source = ("def answer(ids, merges, special_tokens=()):\n    tokenizers_list = token_bytes(merges, special_tokens)\n"
               "    if any(not 0 <= i < len(tokenizers_list) for i in ids):\n        raise ValueError(ids)\n"
