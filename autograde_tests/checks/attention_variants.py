@@ -18,22 +18,23 @@ from ..reference import attention_variants as ref
 from ..reference.attention import scaled_dot_product_attention
 from ..reference.multi_head_attention import MultiHeadAttention
 from .harness import (
-    ON_A_FIXED_DEVICE,
-    ChangedInput,
-    SeededRandom,
-    Mistake,
     call,
     candidates,
+    ChangedInput,
     close,
     construct,
     copy_weights,
     edited,
     expect_tensor,
     fail,
+    Mistake,
     name_the_mistake,
+    ON_A_FIXED_DEVICE,
+    OnAFixedDevice,
     randomise,
     run_cases,
     seed_for,
+    SeededRandom,
     strict_numerics,
 )
 from ..remote.proxy import is_module, type_name
@@ -377,10 +378,10 @@ def _call_diagnosing_masks(variant, learner, case, x, memory, pm):
     """Call the module; if it fails only when given a padding mask, say how the mask must be shaped."""
     try:
         return _forward(variant, learner, x, memory, pm)
-    except ChangedInput:
+    except (ChangedInput, OnAFixedDevice):
         raise
-    except AssertionError as error:
-        if pm is None or ON_A_FIXED_DEVICE in str(error):
+    except AssertionError:
+        if pm is None:
             raise
         try:
             unmasked = _forward(variant, learner, x, memory, None)

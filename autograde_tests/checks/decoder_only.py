@@ -54,10 +54,9 @@ from ..reference import decoder_only as ref
 from ..remote.proxy import lend, make_in_kernel, run_in_kernel, type_name
 from . import in_kernel, stand_in_models
 from .harness import (
-    SeededRandom,
-    Mistake,
     call,
     candidates,
+    CheckFailed,
     close,
     construct,
     copy_weights,
@@ -68,12 +67,15 @@ from .harness import (
     fail,
     learner_step,
     matching_mistake,
+    Mistake,
     name_the_mistake,
     one_thread,
     output_like_input,
     randomise,
+    restate,
     run_cases,
     seed_for,
+    SeededRandom,
     strict_numerics,
 )
 from .how import expect_device_agnostic, kernel_reported
@@ -533,8 +535,8 @@ def _call_block(name, block, x, positions, cache):
         return _forward(name, block, x, positions)
     try:
         return _forward(name, block, x, positions, cache)
-    except AssertionError as error:
-        if "raised" not in str(error):
+    except CheckFailed as error:
+        if error.raised is None:
             raise
         empty = tuple(t[:, :, :0] for t in cache)
         try:
@@ -542,7 +544,7 @@ def _call_block(name, block, x, positions, cache):
             problem, hint = ONLY_WITH_A_CACHE
         except AssertionError:
             problem, hint = f"It fails whenever it is given a cache, even an empty one: {CACHE_AXIS[0]}?", CACHE_AXIS[1]
-        fail(name, f"{str(error).removeprefix(name + ': ')}\n{problem}", hint, frames=error.learner_frames)
+        restate(error, problem, hint)
 
 
 # ------------------------------------------------------------------------------- GPT
@@ -1011,11 +1013,13 @@ def _sampled(name, generate, args, generator, options) -> dict:
     try:
         return learner_step(name, lambda: run_in_kernel(in_kernel.sampled, generate, *args, generator=generator, **options),
                             args)
-    except AssertionError as error:
-        if options.get("temperature", 1.0) == 0 and any(w in str(error) for w in ("inf", "nan", "zero")):
-            fail(name, f"{str(error).removeprefix(name + ': ')}\ntemperature=0 was used as a divisor: the logits "
-                 "became ±inf, and the probabilities NaN", "temperature 0 means greedy decoding: take "
-                 "logits.argmax(dim=-1, keepdim=True), with no division and no draw.", frames=error.learner_frames)
+    except CheckFailed as error:
+        # What the learner's code raised is PyTorch's or Python's words (multinomial's "inf, nan or element < 0",
+        # "division by zero"): those are read, never the check's own.
+        if options.get("temperature", 1.0) == 0 and any(w in (error.exception or "") for w in ("inf", "nan", "zero")):
+            restate(error, "temperature=0 was used as a divisor: the logits became ±inf, and the probabilities NaN",
+                    "temperature 0 means greedy decoding: take logits.argmax(dim=-1, keepdim=True), with no division "
+                    "and no draw.")
         raise
 
 
@@ -1303,11 +1307,11 @@ def _call_loader(name, loader, target, checkpoint: dict, case: LoadCase, layout:
     known mistake explains is named."""
     try:
         return learner_step(name, lambda: run_in_kernel(in_kernel.loaded, loader, target, checkpoint), (target, checkpoint))
-    except AssertionError as error:
-        message = str(error)
-        if "raised" not in message:
+    except CheckFailed as error:
+        if error.raised is None:
             raise
-        if case.tied and "KeyError" in message and f"{layout['head']}.weight" in message:
+        message = error.exception or ""  # what the learner's code raised: PyTorch's words, or Python's KeyError
+        if case.tied and error.raised == "KeyError" and f"{layout['head']}.weight" in message:
             problem, hint = HEAD_NOT_TIED
         elif "must match the size of tensor" in message or "size mismatch for" in message:
             problem = f"A shape does not fit. If your code transposes weights (w.T), it should not: {LINEAR_LAYOUT}."
@@ -1318,8 +1322,7 @@ def _call_loader(name, loader, target, checkpoint: dict, case: LoadCase, layout:
             hint = KV_HEADS[1]
         else:
             raise
-        fail(name, f"{message.removeprefix(name + ': ')}\n{problem}", hint,
-             frames=getattr(error, "learner_frames", None))
+        restate(error, problem, hint)
 
 
 def _name_a_parameter(name, state: dict, expected: dict, before: dict, differing: list[str]) -> None:

@@ -29,6 +29,7 @@ from .harness import (
     expect_tensor,
     fail,
     devices_and_dtypes,
+    error_text,
     largest_error,
     learner_step,
     name_the_mistake,
@@ -260,10 +261,11 @@ def _expect_output_follows_the_convolutions(name, conv: nn.Module, ffn64: ref.Po
         expected = hidden @ weights[1][..., 0].T + ffn64.linear2.bias
     out = output_like_input(name, conv, x64.clone()).detach()
     if not close(out, expected):
+        numbers = largest_error(out, expected)
         fail(name, "with new weights put into its nn.Conv1d layers, the module does not compute the FFN of those "
-                   f"weights: its output does not come from the convolutions ({largest_error(out, expected)})",
+                   f"weights: its output does not come from the convolutions ({error_text(numbers)})",
              "compute forward with the convolutions themselves (self.conv1, self.conv2), holding the copied weights; "
-             "keep no other copy of the weights.")
+             "keep no other copy of the weights.", numbers=numbers)
 
 
 def _conv_drawn(name, case: ConvCase, hidden: bool, i: int) -> tuple[ref.PositionwiseFeedForward, torch.Tensor]:
@@ -465,9 +467,11 @@ def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i
             fail(name, f"no gradient reaches `{what}`",
                  "keep every step in torch on the tensors themselves: no .detach(), .data, .item() or NumPy.")
         if not close(grad, expected[what]):
+            numbers = largest_error(grad, expected[what])
             fail(name, f"the gradient with respect to `{what}` differs from the reference although the output is "
-                       f"right: part of your computation is cut from the graph ({largest_error(grad, expected[what])})",
-                 "compute the mean and variance from x itself, without .detach(), .data, .item() or torch.no_grad().")
+                       f"right: part of your computation is cut from the graph ({error_text(numbers)})",
+                 "compute the mean and variance from x itself, without .detach(), .data, .item() or torch.no_grad().",
+                 numbers=numbers)
 
 
 # -------------------------------------------------------------------------------- SublayerConnection
@@ -638,11 +642,12 @@ def _expect_dropout_on_the_sublayer_only(name, SublayerConnection, case: Sublaye
         torch.manual_seed(seed_for(name, hidden, i, "dropout"))
         out = call(name, module, x, lend(module, torch.zeros_like))
         if not close(out, residual_only):
+            numbers = largest_error(out, residual_only)
             fail(name, "dropout applied to the residual sum instead of the sublayer output: in training mode, with a "
                        "sublayer that returns zeros, the output should be exactly "
-                       f"{'x' if case.norm_first else 'norm(x)'} ({largest_error(out, residual_only)})",
+                       f"{'x' if case.norm_first else 'norm(x)'} ({error_text(numbers)})",
                  "dropout belongs on the sublayer's output only: x + dropout(sublayer(...)); the identity path must "
-                 "carry x untouched.")
+                 "carry x untouched.", numbers=numbers)
         full = x + f(norm(x)) if case.norm_first else norm(x + f(x))  # x as drawn: `call` saw it unchanged
         out = call(name, module, x, lend(module, f))
         if close(out, full):

@@ -11,6 +11,7 @@ value a check computes afterwards from those tensors can be one the learner's co
 """
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -19,7 +20,7 @@ import sys
 import textwrap
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 import torch
@@ -83,17 +84,15 @@ def run_cases(name: str, cases: list, check_case: Callable, after: Callable = la
 
 @contextlib.contextmanager
 def in_case(case, device: torch.device, dtype: torch.dtype) -> Iterator[None]:
-    """A failure inside states its case: the case's fields (a dataclass's), the dtype and the device, on an
-    indented line under the problem, so that a learner can rerun what failed."""
+    """A failure inside states its case: the case's fields (a dataclass's), the dtype and the device, so that
+    a learner can rerun what failed (``CheckFailed.case``; shown on an indented line under the problem)."""
     try:
         yield
     except CheckFailed as failure:
         given = (", ".join(f"{f.name}={getattr(case, f.name)!r}" for f in fields(case)) if is_dataclass(case)
                  else repr(case))
-        problem, hint = (str(failure).split("\nHint: ", 1) + [None])[:2]
-        line = f"\n  case: {given}" + (f"; {str(dtype).removeprefix('torch.')} on {torch.device(device).type}"
-                                       if dtype is not None else "")
-        raise type(failure)(problem + line + (f"\nHint: {hint}" if hint else ""), failure.learner_frames) from None
+        where = f"; {str(dtype).removeprefix('torch.')} on {torch.device(device).type}" if dtype is not None else ""
+        raise dataclasses.replace(failure, case=given + where) from None
 
 
 @contextlib.contextmanager
@@ -186,18 +185,49 @@ ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inp
 FIXED_DEVICE_HINT = "create tensors (masks too) with device=<input>.device (or use torch.zeros_like / full_like / where)."
 
 
+@dataclass(eq=False)
 class CheckFailed(AssertionError):
-    """A check's verdict. In a notebook it shows as its message and hint, after the frames of the learner's
-    own code when that code raised; never the frames of the checks, which would only bury the message
-    (IPython, and so JupyterLab, ``nbgrader validate`` and the feedback, honour ``_render_traceback_``)."""
+    """A check's verdict, as data: which exercise, what is wrong, how to fix it, in which case, and the facts
+    behind it. Rendered to text only where a person reads it (``render``: the notebook, the feedback); code
+    that restates or classifies a failure reads its fields, never its text.
 
-    def __init__(self, message: str, learner_frames: list[str] | None = None):
-        super().__init__(message)
-        self.learner_frames = learner_frames or []
+    In a notebook it shows as its message and hint, after the frames of the learner's own code when that code
+    raised; never the frames of the checks, which would only bury the message (IPython, and so JupyterLab,
+    ``nbgrader validate`` and the feedback, honour ``_render_traceback_``)."""
+
+    exercise: str  # the name the learner wrote: "softmax", "Transformer.decode"
+    problem: str  # what is wrong; may hold indented lines of detail ("when called with (...)")
+    hint: str | None = None  # how to fix it
+    case: str | None = None  # the case's fields, dtype and device, set by ``in_case``
+    mistake: "Mistake | None" = None  # the known mistake this failure names, when one matched
+    raised: str | None = None  # the class name of the exception the learner's code raised, when it raised
+    exception: str | None = None  # that exception's own message (PyTorch's words, or the learner's)
+    numbers: dict = field(default_factory=dict)  # the figures the problem quotes (largest error, index, ...)
+    learner_frames: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        """The verdict as a learner reads it: ``exercise: problem``, the case indented under it, then the hint."""
+        text = f"{self.exercise}: {self.problem}"
+        if self.case is not None:
+            text += f"\n  case: {self.case}"
+        return text + (f"\nHint: {self.hint}" if self.hint else "")
+
+    def __str__(self) -> str:
+        return self.render()
+
+    def __reduce__(self):  # exceptions pickle their args; a verdict pickles its fields
+        return (_rebuilt, (type(self), dataclasses.asdict(self) | {"mistake": self.mistake}))
 
     def _render_traceback_(self) -> list[str]:
         lines = ["Traceback of your code (most recent call last):", *self.learner_frames] if self.learner_frames else []
-        return lines + shown(f"AssertionError: {self}")
+        return lines + shown(f"AssertionError: {self.render()}")
+
+
+def _rebuilt(cls: type, values: dict) -> "CheckFailed":
+    return cls(**values)
 
 
 # JupyterLab's output area breaks a line that is too long at any character ("bef ore", "2.296 41"). 79 columns,
@@ -248,17 +278,26 @@ class ChangedInput(CheckFailed):
     failed lets this one through as it is."""
 
 
+class OnAFixedDevice(CheckFailed):
+    """The verdict on code that made a tensor on a fixed device (``learner_step``): it says all there is, so a
+    check that diagnoses why a call failed lets it through as it is."""
+
+
 def fail(name: str, problem: str, hint: str | None = None, frames: list[str] | None = None,
-         verdict: type[CheckFailed] = CheckFailed) -> None:
+         verdict: type[CheckFailed] = CheckFailed, **facts) -> None:
+    """Fail with a verdict on ``name``; ``facts`` are its other fields (``mistake``, ``raised``, ``numbers``...)."""
     if frames is None:
         # A check that restates a failure it caught (a hint for a failed .view) keeps the frames of the
         # learner's code that failure showed: they are where to look.
         handled = sys.exc_info()[1]
         frames = handled.learner_frames if isinstance(handled, CheckFailed) else None
-    message = f"{name}: {problem}"
-    if hint:
-        message += f"\nHint: {hint}"
-    raise verdict(message, frames) from None
+    raise verdict(name, problem, hint, learner_frames=frames or [], **facts) from None
+
+
+def restate(failure: CheckFailed, problem: str, hint: str | None) -> None:
+    """Fail again with ``failure``'s problem and facts, and what a check's diagnosis adds to them: its next
+    line of ``problem`` and its own ``hint``."""
+    raise dataclasses.replace(failure, problem=f"{failure.problem}\n{problem}", hint=hint) from None
 
 
 def call(name: str, fn: Callable, *args, **kwargs):
@@ -325,10 +364,11 @@ def learner_step(name: str, step: Callable, shown: tuple):
         fail(name, "is not written yet", "replace `raise NotImplementedError()` with your code.")
     except Exception as exc:  # the learner's code may raise anything
         shapes = ", ".join(describe(a) for a in shown)
-        frames = learner_frames(exc)
+        raised = dict(raised=exception_name(exc), exception=str(exc), frames=learner_frames(exc))
         if "same device" in str(exc) or "expected device" in str(exc):
-            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT, frames)
-        fail(name, f"raised {exception_name(exc)}: {exc}\n  when called with ({shapes})", frames=frames)
+            fail(name, f"{ON_A_FIXED_DEVICE} ({exc})\n  when called with ({shapes})", FIXED_DEVICE_HINT,
+                 verdict=OnAFixedDevice, **raised)
+        fail(name, f"raised {exception_name(exc)}: {exc}\n  when called with ({shapes})", **raised)
 
 
 def exception_name(exc: BaseException) -> str:
@@ -401,28 +441,35 @@ def fail_difference(name: str, what: str, actual: torch.Tensor, expected: torch.
     if actual.dtype == torch.float64 and close(actual, expected, precision=torch.float32):
         scale = float(expected.to(actual).abs().max()) or 1.0
         relative = float((actual - expected.to(actual)).abs().nan_to_num(nan=float("inf")).max()) / scale
-        measured = f"largest error {relative:.2g} of the largest value; {largest_error(actual, expected, digits=12)}"
+        numbers = largest_error(actual, expected) | {"relative_error": relative}
+        measured = f"largest error {relative:.2g} of the largest value; {error_text(numbers, digits=12)}"
         if relative >= 1e-8:
             fail(name, f"float32 precision only in {what}: it agrees with {against} only as far as float32's rounding "
                  f"goes, not to float64's 1e-11 ({measured})",
                  "compute in the dtype you return: a float32 step (a tensor made with the default dtype, .float(), "
-                 "a float32 buffer) loses what float64 keeps.")
+                 "a float32 buffer) loses what float64 keeps.", numbers=numbers)
         fail(name, f"{what} and {against} differ by a little, but more than float64's rounding and less than "
              f"float32's ({measured})", "look for a small constant the formula does not have (an eps added, or "
-             "added in another place) or an approximation.")
-    fail(name, f"{what} and {against} differ:\n  {largest_error(actual, expected)}")
+             "added in another place) or an approximation.", numbers=numbers)
+    numbers = largest_error(actual, expected)
+    fail(name, f"{what} and {against} differ:\n  {error_text(numbers)}", numbers=numbers)
 
 
-def largest_error(actual: torch.Tensor, expected: torch.Tensor, digits: int = 6) -> str:
-    """'largest error 0.31 at index (1, 0, 2): got 0.52, expected 0.21' (NaNs count as infinitely wrong)."""
+def largest_error(actual: torch.Tensor, expected: torch.Tensor) -> dict:
+    """Where ``actual`` is furthest from ``expected`` (NaNs count as infinitely wrong): ``{"error", "index",
+    "got", "expected"}``."""
     expected = expected.to(dtype=actual.dtype, device=actual.device)
     error = (actual - expected).abs().nan_to_num(nan=float("inf"))
     flat = int(error.argmax())
     index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), actual.shape))
-    return (
-        f"largest error {float(error.flatten()[flat]):.3g} at index {index}: "
-        f"got {float(actual[index]):.{digits}g}, expected {float(expected[index]):.{digits}g}"
-    )
+    return {"error": float(error.flatten()[flat]), "index": index, "got": float(actual[index]),
+            "expected": float(expected[index])}
+
+
+def error_text(numbers: dict, digits: int = 6) -> str:
+    """'largest error 0.31 at index (1, 0, 2): got 0.52, expected 0.21', from ``largest_error``'s numbers."""
+    return (f"largest error {numbers['error']:.3g} at index {numbers['index']}: "
+            f"got {numbers['got']:.{digits}g}, expected {numbers['expected']:.{digits}g}")
 
 
 @dataclass(frozen=True)
@@ -503,7 +550,7 @@ def name_the_mistake(name: str, what: str, actual: torch.Tensor, expected: torch
     error between ``what`` and ``against``."""
     mistake = matching_mistake(actual, candidates, exact, align)
     if mistake is not None:
-        fail(name, mistake.problem, mistake.hint)
+        fail(name, mistake.problem, mistake.hint, mistake=mistake)
     otherwise()
     fail_difference(name, what, actual, expected, against)
 

@@ -6,7 +6,7 @@ learner's output with both. Visible checks use one fixed set of shapes; the hidd
 m != n, batch > 1, h in {1, 2, 4, ...} and both bias settings, and draw other numbers (``seed_for``).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -14,11 +14,10 @@ from torch import nn
 from ..reference import multi_head_attention as ref
 from ..reference.attention import scaled_dot_product_attention
 from .harness import (
-    ChangedInput,
-    SeededRandom,
-    Mistake,
     call,
     candidates,
+    ChangedInput,
+    CheckFailed,
     close,
     construct,
     copy_weights,
@@ -26,10 +25,12 @@ from .harness import (
     expect_tensor,
     fail,
     fail_difference,
+    Mistake,
     name_the_mistake,
     randomise,
     run_cases,
     seed_for,
+    SeededRandom,
     strict_numerics,
 )
 from .how import expect_device_agnostic
@@ -41,10 +42,10 @@ def _call_reporting_views(name, fn, *args, **kwargs):
     """``call``, with a hint for the classic ``.view`` after ``.transpose``."""
     try:
         return call(name, fn, *args, **kwargs)
-    except AssertionError as error:
-        if "view size is not compatible" in str(error):
-            fail(name, str(error).removeprefix(f"{name}: "),
-                 "after a transpose the tensor is no longer contiguous: use .reshape, or .contiguous().view.")
+    except CheckFailed as error:
+        if "view size is not compatible" in (error.exception or ""):  # PyTorch's words for a .view it cannot make
+            raise replace(error, hint="after a transpose the tensor is no longer contiguous: use .reshape, "
+                                      "or .contiguous().view.") from None
         raise
 
 

@@ -618,12 +618,13 @@ def _fail_if_only_cut_ids_raise(name: str, failure: CheckFailed, decode, whole: 
     """The learner's decode raised on cut ids: when it decodes the same ids uncut, the cut is why (strict
     decoding), and the failure says so. Raised there by any exception (through a graded kernel one may come
     back under another name), so the cause is told by the uncut run, not by the exception's name."""
+    if failure.raised is None:
+        return  # not an exception of the learner's code: nothing to tell apart
     try:
         call(name, decode, list(whole), list(merges), *specials)
     except CheckFailed:
         return  # it fails on uncut ids too: the cut is not the cause
-    problem = str(failure).removeprefix(f"{name}: ").split("\n")[0]
-    fail(name, f"{problem}, on ids whose bytes are not all UTF-8 (they are cut inside a character); it decodes "
+    fail(name, f"raised {failure.raised}: {failure.exception}, on ids whose bytes are not all UTF-8 (they are cut inside a character); it decodes "
          "the same ids uncut", "decode the joined bytes with errors='replace' (strict decoding raises "
          "UnicodeDecodeError): each broken character becomes U+FFFD (�), as in tiktoken.")
 

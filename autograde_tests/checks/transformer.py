@@ -24,26 +24,29 @@ from ..toy_task import BOS, PAD, VOCAB, random_digits, reversal_batch, to_batch
 from ..remote.proxy import lend, make_in_kernel, type_name
 from . import stand_in_models
 from .harness import (
-    DROPOUT_IN_EVAL,
-    ChangedInput,
-    SeededRandom,
-    Mistake,
     call,
     candidates,
+    ChangedInput,
+    CheckFailed,
     close,
     construct,
     copy_weights,
     default_dtype,
+    DROPOUT_IN_EVAL,
     edited,
     expect_tensor,
     fail,
     learner_step,
     matching_mistake,
+    Mistake,
     name_the_mistake,
+    OnAFixedDevice,
     one_thread,
     randomise,
+    restate,
     run_cases,
     seed_for,
+    SeededRandom,
     strict_numerics,
 )
 from .how import expect_device_agnostic, kernel_reported
@@ -569,14 +572,13 @@ def _check_model_case(name, model, reference, inputs64, device, dtype) -> None:
 
         try:
             logits = call(name, model, src, tgt, src_mask, tgt_mask)
-        except AssertionError as error:
-            if "fixed device" in str(error) or isinstance(error, ChangedInput):
-                raise
-            fail(name,
-                 f"{str(error).removeprefix(name + ': ')}\nencode and decode work on their own, so look at how forward "
-                 "calls them: are the padding masks passed the wrong way round?",
-                 "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
-                 "src_padding_mask).")
+        except (ChangedInput, OnAFixedDevice):
+            raise
+        except CheckFailed as error:
+            restate(error, "encode and decode work on their own, so look at how forward calls them: are the padding "
+                    "masks passed the wrong way round?",
+                    "memory = self.encode(src, src_padding_mask); return self.decode(tgt, memory, tgt_padding_mask, "
+                    "src_padding_mask).")
         if isinstance(logits, torch.Tensor) and tuple(logits.shape) == (B, S, V) and S != T:
             fail(name, f"the logits have the source's length {S}, not the target's {T}: the decoder was fed the source",
                  "forward encodes src and decodes tgt: self.decode(tgt, self.encode(src, ...), ...).")
