@@ -56,7 +56,7 @@ def learner_side(request, monkeypatch):
 def _through_the_wire(check):
     """``check``, given a proxy of the learner's object, which lives with an agent that stands in for a
     kernel graded on the check's chapter."""
-    chapter = check.__module__.rsplit(".", 1)[-1]
+    chapter = next(c.id for c in CHAPTERS if check.__name__ in c.checks)
 
     def wrapped(learner, *args, **kwargs):
         kernel = kernel_stand_in(chapter)

@@ -62,6 +62,7 @@ from .harness import (
     copy_weights,
     default_dtype,
     edited,
+    expect_loss,
     expect_tensor,
     expect_unchanged,
     fail,
@@ -833,11 +834,7 @@ def check_lm_loss(lm_loss, hidden: bool = False) -> None:
             expected = ref.lm_loss(reference, idx64)
         model = lend(lm_loss, copy.deepcopy(reference).to(device=device, dtype=dtype))
         loss = call(name, lm_loss, model, idx64.to(device))
-        expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
-        if not loss.requires_grad:
-            fail(name, "the loss is detached from the model: nothing could be trained with it",
-                 "return the tensor itself: no .item(), .detach() or torch.no_grad().")
-        loss = loss.detach()
+        loss = expect_loss(name, loss, dtype, device)
         if not close(loss, expected):
             name_the_mistake(name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, idx64))
 

@@ -411,6 +411,16 @@ def expect_tensor(name: str, what: str, x, shape: tuple, like: torch.Tensor) -> 
         )
 
 
+def expect_loss(name: str, loss, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A loss must be a scalar tensor of ``dtype`` on ``device`` that still requires grad (something could be
+    trained with it); returned detached, for comparing."""
+    expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
+    if not loss.requires_grad:
+        fail(name, "the loss is detached from the model: nothing could be trained with it",
+             "return the tensor itself: no .item(), .detach() or torch.no_grad().")
+    return loss.detach()
+
+
 def output_like_input(name: str, fn: Callable, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """``fn(x, ...)``, which must be a plain tensor shaped, typed and placed like ``x``, with ``x`` untouched."""
     out = _guarded_call(name, fn, (x, *args), kwargs, lambda: ["x", *_contract_names(name)()[1:]])

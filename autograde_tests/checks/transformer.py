@@ -34,6 +34,7 @@ from .harness import (
     default_dtype,
     DROPOUT_IN_EVAL,
     edited,
+    expect_loss,
     expect_tensor,
     fail,
     learner_step,
@@ -774,11 +775,7 @@ def check_teacher_forcing_loss(teacher_forcing_loss, hidden: bool = False) -> No
         model = lend(teacher_forcing_loss, copy.deepcopy(reference).to(device=device, dtype=dtype),
                      "forward", "encode", "decode")
         loss = call(name, teacher_forcing_loss, model, src64.to(device), tgt64.to(device), PAD)
-        expect_tensor(name, "the loss", loss, (), like=torch.empty(0, dtype=dtype, device=device))
-        if not loss.requires_grad:
-            fail(name, "the loss is detached from the model: nothing could be trained with it",
-                 "return the tensor itself: no .item(), .detach() or torch.no_grad().")
-        loss = loss.detach()
+        loss = expect_loss(name, loss, dtype, device)
         if not close(loss, expected):
             name_the_mistake(name, "the loss", loss, expected, candidates(LOSS_MISTAKES, reference, src64, tgt64))
 
