@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor lab-instructor proxy a11y hub test release grade bench train demo clean
+.PHONY: venv book book-instructor lab lab-instructor proxy a11y hub lint check check-gpu test release grade bench train demo clean
 
 venv: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ book: venv
 book-instructor: venv
 	$(BIN)/jupyter-book build book --path-output _build/instructor --config _config.yml \
 		--toc $(abspath book/_toc_instructor.yml) -W -n --keep-going
+
+## JupyterLab for learners: the notebooks, the checks, and nbgrader's learner parts (Assignment List, Validate).
+lab: venv
+	$(BIN)/jupyter lab
 
 ## JupyterLab for the instructor: the learners' parts and nbgrader's instructor tools (formgrader, Create Assignment).
 lab-instructor: venv
@@ -56,11 +60,30 @@ $(AXE): a11y/package.json a11y/package-lock.json
 hub: venv proxy
 	$(BIN)/python -m autograde_tests.hub --proxy $(abspath $(HUB_PROXY)) $(ARGS)
 
-## Run the whole test suite (both editions of the book are built first: their tests read the pages; the hub's
-## proxy and axe-core are installed where npm is, and the tests that need them are skipped where it is not). Test modules are
-## spread over one worker per core; a module and its fixtures stay on one worker.
-test: book book-instructor $(if $(shell command -v npm),proxy a11y)
-	$(BIN)/python -m pytest -n auto --dist loadscope
+## The linter: ruff (pinned in requirements.txt, configured in pyproject.toml).
+lint: venv
+	$(BIN)/ruff check autograde_tests tests
+
+## The tiers (markers in pyproject.toml): the slow ones grade in a sandbox, read the built book, drive Chromium
+## or run nbgrader's own autograde and make bench's smoke run; `make check` is everything else, the fast tier
+## (the reference, the checks and their mistakes, the wire, the grader's units, the notebooks against their
+## release), a few minutes on two cores with no book build. Test modules are spread over one worker per core; a
+## module and its fixtures stay on one worker.
+SLOW_TIERS := sandbox or book or browser or slow
+PYTEST := $(BIN)/python -m pytest -n auto --dist loadscope
+check: venv
+	$(PYTEST) -m "not ($(SLOW_TIERS) or cuda)"
+
+## The GPU tier: the reference against PyTorch, every check's visible and hidden cases, and one chapter graded in
+## the sandbox, on the GPU (TF32 off); each test skipped with one line where PyTorch sees no GPU.
+check-gpu: venv
+	$(BIN)/python -m pytest -m cuda -p no:randomly
+
+## The whole suite: the lint and the fast tier first (they fail in minutes), then both editions of the book (their
+## tests read the pages), the hub's proxy and axe-core where npm is (the tests that need them are skipped where it
+## is not), and the slow tiers.
+test: lint check book book-instructor $(if $(shell command -v npm),proxy a11y)
+	$(PYTEST) -m "$(SLOW_TIERS) or cuda"
 
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
 ## notebooks/ (the learners' release) with nbgrader.

@@ -114,20 +114,30 @@ def _chapters(item) -> set[str]:
     return found
 
 
+# The tiers: what a test needs beyond this process. `make check` runs the tests with none of these marks.
+SLOW_TIERS = ("sandbox", "book", "browser", "slow")
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test is marked with the chapters it is about (``_chapters``). Tests marked ``sandbox`` grade in
-    bubblewrap: where none can start, each is skipped with the one
-    line that says why and how to fix it (``-ra`` puts it in the summary).
+    bubblewrap: where none can start, each is skipped with the one line that says why and how to fix it
+    (``-ra`` puts it in the summary). Tests marked ``cuda`` run on a GPU: where PyTorch sees none, each is
+    skipped with one line.
 
-    The modules that take minutes (they grade in a sandbox, or are marked ``slow``) run first, in the order
-    pytest-randomly gave them, and the short ones after: the workers that ``make test`` spreads modules over
-    then finish within a short module of each other, instead of one waiting on a long module that started
-    last (pyproject.toml asks xdist to keep this order)."""
+    The modules of the slow tiers (``SLOW_TIERS``: they grade in a sandbox, read the built book, drive a browser,
+    or take minutes of nbgrader or benchmarks) run first, in the order pytest-randomly gave them, and the short
+    ones after: the workers that ``make test`` spreads modules over then finish within a short module of each
+    other, instead of one waiting on a long module that started last (pyproject.toml asks xdist to keep this
+    order)."""
     for item in items:  # `pytest -m ch05` runs what is about chapter 5
         for number in _chapters(item):
             item.add_marker(f"ch{number}")
-    items.sort(key=lambda item: not (item.get_closest_marker("sandbox") or item.get_closest_marker("slow")))
+    items.sort(key=lambda item: not any(item.get_closest_marker(tier) for tier in SLOW_TIERS))
     sandboxed = [item for item in items if item.get_closest_marker("sandbox")]
     why = bubblewrap.unavailable() if sandboxed else None
     for item in sandboxed if why else []:
         item.add_marker(pytest.mark.skip(reason=f"grading tests skipped: {why}"))
+    on_a_gpu = [item for item in items if item.get_closest_marker("cuda")]
+    if on_a_gpu and not torch.cuda.is_available():
+        for item in on_a_gpu:
+            item.add_marker(pytest.mark.skip(reason="GPU tests skipped: PyTorch sees no CUDA device on this machine"))

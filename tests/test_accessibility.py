@@ -20,6 +20,8 @@ import pytest
 
 from .browser import browser, serve
 
+pytestmark = [pytest.mark.browser, pytest.mark.book]  # axe-core in Chromium on the built pages
+
 REPO = Path(__file__).resolve().parents[1]
 AXE = REPO / "a11y" / "node_modules" / "axe-core" / "axe.min.js"
 EDITIONS = {"learner": REPO / "_build" / "html", "instructor": REPO / "_build" / "instructor" / "_build" / "html"}

@@ -9,6 +9,8 @@ import yaml
 
 from autograde_tests import course
 
+pytestmark = pytest.mark.book  # reads the built book (make book)
+
 REPO = Path(__file__).resolve().parents[1]
 HTML = REPO / "_build" / "html"
 # Figures each chapter's page must show, all made by executed code.

@@ -14,6 +14,8 @@ from autograde_tests import course
 from .browser import browser, serve
 from .conftest import SCREENSHOTS
 
+pytestmark = [pytest.mark.browser, pytest.mark.book]  # the built pages in Chromium
+
 REPO = Path(__file__).resolve().parents[1]
 HTML = REPO / "_build" / "html"
 # The theme logs this on a visitor's very first page view (no stored colour mode), then uses "auto".

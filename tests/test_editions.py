@@ -19,6 +19,8 @@ import pytest
 import autograde_tests.reference
 from autograde_tests import course
 
+pytestmark = pytest.mark.book  # reads both built editions (make book, make book-instructor)
+
 REPO = Path(__file__).resolve().parents[1]
 LEARNER = REPO / "_build" / "html"
 INSTRUCTOR = REPO / "_build" / "instructor" / "_build" / "html"

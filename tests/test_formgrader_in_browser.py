@@ -16,7 +16,7 @@ from autograde_tests import course
 from .browser import browser, chromium, jupyterlab
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.browser  # the formgrader in Chromium
 TOKEN = "course-test-token"
 INSTRUCTOR_PARTS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-list",
                     "@jupyter/nbgrader:create-assignment"]

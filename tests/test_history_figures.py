@@ -159,6 +159,7 @@ def test_chapter_4_s_notebook_measures_the_same(folder):
 
 # --- the built pages ------------------------------------------------------------------------------------
 
+@pytest.mark.book
 @pytest.mark.parametrize(("page", "words"), [("intro.html", "vertical timeline"),
                                              ("04_ffn_layernorm_residual.html", "stream-mixing matrices")])
 def test_the_built_page_shows_the_figure_with_its_text_alternative(page, words):

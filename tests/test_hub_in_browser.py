@@ -25,7 +25,7 @@ from autograde_tests.nbgrader_course import gradebook
 
 from .browser import browser, chromium
 
-pytestmark = pytest.mark.sandbox  # the instructor grades with make grade
+pytestmark = [pytest.mark.sandbox, pytest.mark.browser]  # a hub in Chromium; the instructor grades with make grade
 
 CHAPTER = "01_attention"
 PROXY = REPO / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"

@@ -15,6 +15,8 @@ from autograde_tests.checks.harness import WIDTH
 
 from . import browser as b
 
+pytestmark = pytest.mark.browser  # JupyterLab in Chromium
+
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "course-test-token"
 
