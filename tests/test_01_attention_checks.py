@@ -1,7 +1,7 @@
 """The chapter-1 checks pass every correct way of writing the code and name every known mistake.
 
-Each buggy variant is one entry of ../shared/design/mistakes.md (or a near relative), written the way
-a learner would write it; each test asserts the message that names it.
+Each buggy variant is one of the chapter's plausible mistakes (or a near relative), written the way a learner
+would write it; each test asserts the message that names it.
 """
 
 import math

@@ -70,7 +70,7 @@ HIDDEN_FFN = [
     FeedForwardCase(3, 1, 16, 64),
 ]
 FFN_HINT = (
-    "the contract names the layers linear1 = nn.Linear(d_model, d_ff) and linear2 = nn.Linear(d_ff, d_model), "
+    "the notebook names the layers linear1 = nn.Linear(d_model, d_ff) and linear2 = nn.Linear(d_ff, d_model), "
     "both with a bias (nn.Linear's default)."
 )
 
@@ -500,7 +500,7 @@ HIDDEN_SUBLAYER = [
     SublayerCase(1, 9, 16, norm_first=False),
 ]
 TRAIN_DROPOUT = 0.5
-NORM_HINT = "the contract names the LayerNorm self.norm = LayerNorm(d_model) (yours from above, or nn.LayerNorm)."
+NORM_HINT = "the notebook names the LayerNorm self.norm = LayerNorm(d_model) (yours from above, or nn.LayerNorm)."
 
 
 # The expected output in either placement: the check's own arithmetic on the input as drawn.
@@ -548,7 +548,7 @@ SUBLAYER_MISTAKES = [
             "Post-LN: norm(x + dropout(sublayer(x))); Pre-LN: x + dropout(sublayer(norm(x))).",
             _both("x + self.norm(self.dropout(sublayer(x)))")),
     Mistake("your forward does not use self.norm (the check puts a LayerNorm with known weights there)",
-            "normalise with self.norm, the attribute the contract names; do not keep a second LayerNorm.",
+            "normalise with self.norm, the attribute the notebook names; do not keep a second LayerNorm.",
             _connection((PRE_LN, PRE_LN.replace("self.norm", OWN_NORM)),
                         (POST_LN, POST_LN.replace("self.norm", OWN_NORM)))),
 ]

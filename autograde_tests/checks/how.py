@@ -6,8 +6,8 @@ matrix). What a stand-in was given the grader records itself: stand-ins are lent
 those rules fail a graded run as any rule does. Others can only be seen from next to the learner's code:
 a record of the operators that ran, of the tensors created. In JupyterLab that record is made
 in the learner's own kernel, and a broken rule fails the check as any rule does. In a graded run it is
-made in the sandboxed kernel, which the learner controls (``shared/design/grading-trust.md``, invariant
-1): there it is the kernel's word, shown as a note, worth no points either way. ``kernel_reported`` is
+made in the sandboxed kernel, which the learner controls, and nothing the kernel reports about itself earns
+a point: there it is the kernel's word, shown as a note, worth no points either way. ``kernel_reported`` is
 the one place that decides this; every rule that reads such a record goes through it: the forbidden
 built-ins the kernel saw run, the run on shape-only tensors (``expect_device_agnostic``), and the rules
 of each chapter's checks that read ``in_kernel``'s records or the classes a proxy reports.

@@ -35,7 +35,7 @@ from .harness import (
 )
 from .how import expect_device_agnostic
 
-CONTRACT = "the contract asks for w_q, w_k, w_v, w_o, each nn.Linear(d_model, d_model, bias=bias)."
+CONTRACT = "the notebook asks for w_q, w_k, w_v, w_o, each nn.Linear(d_model, d_model, bias=bias)."
 
 
 def _call_reporting_views(name, fn, *args, **kwargs):

@@ -1,6 +1,6 @@
-"""Reference implementations of every name the learners implement (see the course contract).
+"""Reference implementations of every name the learners implement (``chapters.py`` lists them).
 
-The names and signatures here are the contract's; the tests prove each one against PyTorch's own.
+The names and signatures are the ones the notebooks give the learner; the tests prove each against PyTorch's own.
 Each name is imported from its chapter's module when first used (``lazy``): a graded kernel, which is given
 the earlier chapters' pieces but not the chapter it is graded on, can still import this package.
 """
