@@ -5,6 +5,7 @@ A check test runs once with the learner's object in this process, as in JupyterL
 run. Both must give the same verdict and the same message.
 """
 
+import contextlib
 import importlib
 import re
 from pathlib import Path
@@ -30,6 +31,23 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 def randomise(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Seeded parameters of a useful size, as the checks draw them (``harness.randomise``)."""
     return harness.randomise(module, harness.SeededRandom(seed))
+
+
+@contextlib.contextmanager
+def fails(problem: str | None = None, *, hint: str | None = None, exercise: str | None = None,
+          verdict: type[harness.CheckFailed] = harness.CheckFailed):
+    """The check called inside must fail with a ``verdict`` whose fields match: ``problem`` and ``hint`` are
+    regular expressions searched in those fields, ``exercise`` is the name it is about. The verdict's fields are
+    read, never its rendered text; the failure is yielded (``with fails(...) as failure``) for more."""
+    with pytest.raises(verdict) as failure:
+        yield failure
+    found = failure.value
+    if problem is not None:
+        assert re.search(problem, found.problem), found.render()
+    if hint is not None:
+        assert found.hint is not None and re.search(hint, found.hint), found.render()
+    if exercise is not None:
+        assert found.exercise == exercise, found.render()
 
 
 @pytest.fixture
