@@ -1,8 +1,9 @@
-"""nbgrader as a course folder configures it: its configuration, API and gradebook, and how to read its cells
-(which are tests, and where an instructor notebook's solution regions sit).
+"""nbgrader as a course folder configures it: its configuration, API and gradebook, its chapters and their
+release, and how to read its cells (which are tests, and where an instructor notebook's solution regions sit).
 
-Shared by ``course`` (scratch courses for ``make demo`` and the tests), ``demo`` and ``grading``, so that
-every part of the course reaches nbgrader the same way, through the course's own ``nbgrader_config.py``.
+Shared by ``scratch_course`` (scratch courses for ``make demo`` and the tests), ``demo``, ``grading`` and
+the hub, so that every part of the course reaches nbgrader the same way, through the course's own
+``nbgrader_config.py``.
 """
 
 import ast
@@ -35,6 +36,17 @@ def config(course: Path) -> Config:
     return loaded
 
 
+def chapters(course: Path) -> list[str]:
+    """The chapter ids, read from the instructor notebooks in ``solutions/``."""
+    return sorted(p.name for p in (course / "solutions").glob("[0-9]*_*") if p.is_dir())
+
+
+def released(course: Path, chapter: str) -> Path:
+    """The learners' notebook of ``chapter``, in the course's release folder."""
+    release = config(course).CourseDirectory.get("release_directory", "release")
+    return course / release / chapter / f"{chapter}.ipynb"
+
+
 def api(course: Path, configured: Config | None = None) -> NbGraderAPI:
     """nbgrader's API for the course in ``course`` (``configured``: its configuration, adjusted)."""
     _commands_of_this_python()
@@ -60,6 +72,11 @@ def gradebook(course: Path) -> Gradebook:
     return Gradebook(CourseDirectory(config=config(course)).db_url)
 
 
+def gradebook_url(folder: Path) -> str:
+    """The address of a SQLite gradebook in ``folder``, as nbgrader's ``CourseDirectory.db_url`` takes it."""
+    return f"sqlite:///{folder / 'gradebook.db'}"
+
+
 def start_gradebook(course: Path) -> None:
     """Give ``course`` an empty gradebook, where its configuration puts it, unless it has one (or keeps it in
     a database server): a copy of one made once in this process."""
@@ -77,7 +94,7 @@ def _empty_gradebook() -> bytes:
     from alembic.script import ScriptDirectory  # only a process that makes a gradebook loads it (~0.4 s of a core)
 
     with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{Path(folder) / 'gradebook.db'}"
+        url = gradebook_url(Path(folder))
         engine = create_engine(url)
         with engine.begin() as db:
             db.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)"))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 from autograde_tests.grading import cgroups
 
 from .adversarial import CHAPTER, Case
@@ -53,7 +53,7 @@ def submit(root: Path, cases: list[Case], replacements: dict[bytes, bytes]) -> N
         if case.link:
             (folder / case.notebook).symlink_to(root / case.link)
             continue
-        start = nbformat.from_dict(release) if case.chapter == CHAPTER else course.solved(root, case.chapter)
+        start = nbformat.from_dict(release) if case.chapter == CHAPTER else scratch_course.solved(root, case.chapter)
         made = case.make(start)
         data = made if isinstance(made, bytes) else nbformat.writes(made).encode()
         for placeholder, value in replacements.items():

@@ -16,9 +16,9 @@ from pathlib import Path
 import nbformat
 
 import tests.independent_answers as independent
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course
 from autograde_tests.authoring import solution_regions
-from autograde_tests.grading import batch, similarity
+from autograde_tests.grading import similarity
 
 from .disguises import DISGUISES
 
@@ -52,7 +52,7 @@ def independent_modules(chapter: str) -> list:
 
 
 def measure(chapter: str) -> list[Separation]:
-    release = nbformat.read(batch.released(REPO, chapter), as_version=4)
+    release = nbformat.read(nbgrader_course.released(REPO, chapter), as_version=4)
     solution = similarity.answer_cells(_solved_with(chapter, lambda owner, text: text), release)
     copies = {name: similarity.answer_cells(_solved_with(chapter, lambda owner, text, d=disguise: d(text)), release)
               for name, disguise in DISGUISES.items()}
@@ -81,7 +81,7 @@ def row(chapter: str, s: Separation) -> str:
 def main() -> None:
     print("| chapter | exercise | lowest copy (disguise) | highest independent |")
     print("| --- | --- | --- | --- |")
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         for s in measure(chapter):
             print(row(chapter, s))
 

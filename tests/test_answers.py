@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 
 REPO = Path(__file__).resolve().parents[1]
 BOOK = REPO / "book"
 ANSWERS = BOOK / "answers.md"
-CHAPTER_PAGES = [BOOK / f"{chapter}.md" for chapter in course.chapters(REPO)]
+CHAPTER_PAGES = [BOOK / f"{chapter}.md" for chapter in nbgrader_course.chapters(REPO)]
 ITEM = re.compile(r"^\d+\. ", re.MULTILINE)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 
 pytestmark = pytest.mark.book  # reads the built book (make book)
 
@@ -33,10 +33,10 @@ def html():
 def test_table_of_contents_lists_every_chapter_in_order():
     toc = yaml.safe_load((REPO / "book" / "_toc.yml").read_text())
     listed = [entry["file"] for entry in toc["chapters"] if entry["file"][:2].isdigit()]
-    assert listed == course.chapters(REPO)
+    assert listed == nbgrader_course.chapters(REPO)
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_chapter_page_shows_its_figures(html, chapter):
     page = html / f"{chapter}.html"
     assert page.is_file(), f"{page.name} was not built"
@@ -62,7 +62,7 @@ def test_benchmarks_appendix_includes_every_figure_measured(html):
     assert "the floor" in text and "medians of" in text and "CPU:" in text and "students/min" in text
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_chapter_page_has_the_course_structure(html, chapter):
     """Goals, prerequisites and time up front; the notebook to download; hints folded; a summary and questions."""
     text = (html / f"{chapter}.html").read_text()
@@ -93,7 +93,7 @@ def _glossary_terms() -> list[str]:
 
 
 def _chapters() -> dict[str, str]:
-    return {chapter: (REPO / "book" / f"{chapter}.md").read_text() for chapter in course.chapters(REPO)}
+    return {chapter: (REPO / "book" / f"{chapter}.md").read_text() for chapter in nbgrader_course.chapters(REPO)}
 
 
 def test_every_glossary_term_a_chapter_uses_is_linked_from_a_chapter():

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 from autograde_tests.authoring import training
 from autograde_tests.authoring.lm_training import attention_rows
 from autograde_tests.reference import apply_rotary
@@ -759,7 +759,7 @@ def test_gpt_is_2018_and_gpt_2_is_2019():
 
 def test_benchmark_figure_1_times_every_chapter():
     autograded = [re.search(r"of solved (\S+)", what).group(1) for what, *_ in measured_table(1) if "of solved" in what]
-    assert autograded == course.chapters(REPO)
+    assert autograded == nbgrader_course.chapters(REPO)
 
 
 @pytest.mark.parametrize("term", ["HBM", "SRAM", "arithmetic intensity"])

@@ -9,7 +9,7 @@ from urllib.parse import urldefrag, urljoin, urlparse
 
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 
 from .browser import browser, serve
 from .conftest import SCREENSHOTS
@@ -119,10 +119,10 @@ def test_the_glossary_chinese_renders_with_real_glyphs(site):
 
 
 def test_every_chapter_page_was_loaded():
-    assert {f"{chapter}.html" for chapter in course.chapters(REPO)} <= set(PAGES)
+    assert {f"{chapter}.html" for chapter in nbgrader_course.chapters(REPO)} <= set(PAGES)
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_exercise_link_downloads_the_notebook_from_a_book_opened_as_files(site, chapter):
     """As the README says to read it: ``_build/html/<chapter>.html`` opened as a file, not served. (The
     module's browser is reused: a second Playwright inside the first one's event loop cannot start.)"""

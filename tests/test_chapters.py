@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, reference
+from autograde_tests import nbgrader_course, reference
 from autograde_tests.chapters import CHAPTERS, hidden_in_grading
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ IMPORTED_CHECK = re.compile(r"^from autograde_tests\.checks import (check_\w+)$"
 
 
 def test_the_table_lists_the_instructor_notebooks_in_order():
-    assert [chapter.id for chapter in CHAPTERS] == course.chapters(REPO)
+    assert [chapter.id for chapter in CHAPTERS] == nbgrader_course.chapters(REPO)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)

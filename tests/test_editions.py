@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 import autograde_tests.reference
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 
 pytestmark = pytest.mark.book  # reads both built editions (make book, make book-instructor)
 
@@ -51,7 +51,7 @@ def reference_bodies() -> dict[str, list[str]]:
 
 def solution_regions() -> dict[str, list[str]]:
     regions = {}
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
         for cell in notebook.cells:
             for i, region in enumerate(SOLUTION_REGION.findall(cell.source)):
@@ -101,7 +101,7 @@ def built(folder: Path) -> Path:
 def test_solution_code_is_recognised_wherever_it_stands():
     regions = solution_regions()
     assert regions and reference_bodies()
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         text = searchable(REPO / "solutions" / chapter / f"{chapter}.ipynb")
         notebook_regions = [lines for name, lines in regions.items() if name.startswith(chapter)]
         assert notebook_regions and all(contains_in_order(text, lines) for lines in notebook_regions)
@@ -111,7 +111,7 @@ def test_learner_edition_contains_no_solution_code():
     assert leaks(built(LEARNER)) == []
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_instructor_edition_shows_the_solved_notebook_with_its_checks_passing(chapter):
     page = built(INSTRUCTOR) / "solutions" / chapter / f"{chapter}.html"
     assert page.is_file(), f"the instructor edition has no page for solutions/{chapter}"
@@ -123,7 +123,7 @@ def test_instructor_edition_shows_the_solved_notebook_with_its_checks_passing(ch
 
 def test_instructor_table_of_contents_lists_every_chapter_and_its_solution():
     toc = (REPO / "book" / "_toc_instructor.yml").read_text()
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         assert f"file: {chapter}\n" in toc and f"file: solutions/{chapter}/{chapter}\n" in toc
 
 
@@ -141,5 +141,5 @@ def test_answers_to_the_questions_are_in_the_instructor_edition_only():
     assert not (LEARNER / "answers.html").exists()
     assert "answers.html" not in (LEARNER / "intro.html").read_text()
     answers = (INSTRUCTOR / "answers.html").read_text()
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         assert f'href="{chapter}.html"' in answers, f"answers.html has no section linking back to {chapter}"

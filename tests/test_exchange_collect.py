@@ -14,7 +14,7 @@ import pytest
 
 from nbgrader.exchange import ExchangeFactory
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 from autograde_tests.exchange import SafeCollect
 from autograde_tests.hub import Hub
 from autograde_tests.nbgrader_course import config
@@ -41,7 +41,7 @@ def _inbound(root: Path, student: str, timestamp: str = EARLIER, solved: bool = 
     folder.mkdir()
     (folder / "timestamp.txt").write_text(timestamp)
     if solved:
-        nbformat.write(course.solved(root, CHAPTER), folder / f"{CHAPTER}.ipynb")
+        nbformat.write(scratch_course.solved(root, CHAPTER), folder / f"{CHAPTER}.ipynb")
     return folder
 
 
@@ -56,7 +56,7 @@ def _plant(root: Path) -> None:
     os.mkfifo(_inbound(root, "fifo") / "pipe")
     _inbound(root, "..")
     # kept: collected earlier, honestly; its newer submission is a link
-    course.submit(root, "kept", CHAPTER, course.solved(root, CHAPTER))
+    scratch_course.submit(root, "kept", CHAPTER, scratch_course.solved(root, CHAPTER))
     (root / "submitted" / "kept" / CHAPTER / "timestamp.txt").write_text(EARLIER)
     (_inbound(root, "kept", LATER, solved=False) / f"{CHAPTER}.ipynb").symlink_to(_instructors(root))
 
@@ -64,8 +64,8 @@ def _plant(root: Path) -> None:
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     base = tmp_path_factory.mktemp("hub")
-    root = course.scratch_course(REPO, base / "course")
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, base / "course")
+    scratch_course.release(root, CHAPTER)
     with open(root / "nbgrader_config.py", "a") as config:  # the exchange, as the hub's configuration sets it
         config.write(f"\nc.Exchange.root = {str(base / 'exchange')!r}\n")
     _plant(root)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course, scratch_course
 
 from .browser import browser, chromium, jupyterlab
 
@@ -26,9 +26,9 @@ INSTRUCTOR_PARTS = ["@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:course-li
 def running_lab(tmp_path_factory, instructor: bool):
     """JupyterLab on a scratch course, with the instructor's configuration or as the course's environment
     has it (the learners')."""
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("course"))
-    for chapter in course.chapters(root):
-        course.release(root, chapter)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("course"))
+    for chapter in nbgrader_course.chapters(root):
+        scratch_course.release(root, chapter)
     config_path = REPO / "jupyter" / "instructor" if instructor else None
     with jupyterlab(root, tmp_path_factory.mktemp("jupyter"), TOKEN, config_path) as base:
         yield base
@@ -51,7 +51,7 @@ def test_formgrader_lists_every_chapter(instructor_lab):
     with browser() as instance:
         page = instance.new_page()
         page.goto(f"{instructor_lab}formgrader?token={TOKEN}", wait_until="load")
-        for chapter in course.chapters(REPO):
+        for chapter in nbgrader_course.chapters(REPO):
             page.get_by_text(chapter, exact=True).first.wait_for(timeout=30000)
         page.close()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 from autograde_tests.grading.advisories import advisories
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_code_that_can_rewrite_a_check_s_stand_ins_is_noted():
         assert note.startswith("reaches the course's grading package or rewrites classes at run time") and f"`{what}`" in note
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_the_course_s_own_answers_get_no_note(chapter):
     """The learner's cells of a solved notebook: every cell nbgrader does not lock."""
     notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)

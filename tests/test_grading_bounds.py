@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 from autograde_tests.grading import cgroups
 
 from .adversarial import CANARY, CHAPTER, WRONG_ATTENTION, solved
@@ -106,11 +106,11 @@ def grade(root: Path, cwd: Path = REPO, *args: str) -> subprocess.CompletedProce
 
 def class_of(root: Path, submissions: dict, repo: Path = REPO) -> Path:
     """A scratch course from ``repo`` with a chapter-1 submission per entry of ``submissions``."""
-    course.scratch_course(repo, root)
-    course.release(root, CHAPTER)
+    scratch_course.scratch_course(repo, root)
+    scratch_course.release(root, CHAPTER)
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     for student, make in submissions.items():
-        course.submit(root, student, CHAPTER, make(nbformat.from_dict(release)))
+        scratch_course.submit(root, student, CHAPTER, make(nbformat.from_dict(release)))
     return root
 
 
@@ -135,9 +135,9 @@ def bounded():
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, bounded):
     root = class_of(tmp_path_factory.mktemp("bounded") / "course", SUBMISSIONS)
-    course.release(root, LATER_CHAPTER)
-    course.submit(root, "raises_memory_error", LATER_CHAPTER,
-                  at_the_end(RAISES_MEMORY_ERROR, lambda r: course.solved(root, LATER_CHAPTER))(None))
+    scratch_course.release(root, LATER_CHAPTER)
+    scratch_course.submit(root, "raises_memory_error", LATER_CHAPTER,
+                  at_the_end(RAISES_MEMORY_ERROR, lambda r: scratch_course.solved(root, LATER_CHAPTER))(None))
     run = grade(root)
     assert run.returncode == 0, run.stderr[-3000:]
     return root, run

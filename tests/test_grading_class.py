@@ -17,7 +17,7 @@ import nbformat
 import psutil
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import __main__ as grading_main
 from autograde_tests.grading import bubblewrap
 
@@ -43,13 +43,13 @@ def answers_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory, answers_server):
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
-    for chapter in course.chapters(root):
-        course.release(root, chapter)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    for chapter in nbgrader_course.chapters(root):
+        scratch_course.release(root, chapter)
     submit(root, CASES, {b"{COURSE}": str(root).encode(), b"{GRADER_PORT}": str(answers_server).encode()})
-    for chapter in course.chapters(root):
+    for chapter in nbgrader_course.chapters(root):
         if chapter != CHAPTER:
-            folder = course.submit(root, "correct", chapter, course.solved(root, chapter)).parent
+            folder = scratch_course.submit(root, "correct", chapter, scratch_course.solved(root, chapter)).parent
             for name, text in COLLECTED.items():  # as `nbgrader collect` leaves them
                 (folder / name).write_text(text)
     run = grade(root)
@@ -103,7 +103,7 @@ def test_nothing_a_submission_started_outlives_the_batch(graded):
 
 def test_every_correct_submission_of_every_chapter_gets_full_marks(graded):
     root, _ = graded
-    for chapter in course.chapters(root):
+    for chapter in nbgrader_course.chapters(root):
         outcome = outcomes(root)[f"correct/{chapter}"]
         assert outcome["status"] == "graded" and outcome["score"] == outcome["max_score"] > 0, outcome
 
@@ -135,7 +135,7 @@ def test_feedback_shows_messages_but_not_hidden_tests(graded):
 
 def test_feedback_keeps_what_nbgrader_release_feedback_reads(graded):
     root, _ = graded
-    for chapter in course.chapters(root):
+    for chapter in nbgrader_course.chapters(root):
         if chapter != CHAPTER:
             for folder in ("autograded", "feedback"):
                 for name, text in COLLECTED.items():
@@ -211,8 +211,8 @@ def test_a_folder_that_is_not_a_course_is_refused(tmp_path):
 
 
 def test_a_course_without_submissions_is_refused(tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "course")
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, tmp_path / "course")
+    scratch_course.release(root, CHAPTER)
     before = sorted(p.relative_to(root) for p in root.rglob("*"))
     run = grade(root)
     assert run.returncode == 2 and "no submitted/ folder" in run.stderr
@@ -240,10 +240,10 @@ def test_where_no_sandbox_can_start_grading_is_refused_in_one_line(graded, tmp_p
 
 
 def test_no_sandbox_grades_trusted_work_and_the_report_says_so(tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "course")
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, tmp_path / "course")
+    scratch_course.release(root, CHAPTER)
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
-    course.submit(root, "instructor", CHAPTER, solved(release))
+    scratch_course.submit(root, "instructor", CHAPTER, solved(release))
     run = grade(root, "--no-sandbox")
     assert run.returncode == 0, run.stderr[-2000:]
     assert outcomes(root)[f"instructor/{CHAPTER}"]["score"] == 6

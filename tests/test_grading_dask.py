@@ -24,7 +24,7 @@ import pytest
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 
 from .adversarial import CHAPTER, WRONG_SOFTMAX, solved, wrong
 from .class_batch import LIMITS, grade, outcomes
@@ -44,11 +44,11 @@ ANSWERS = [solved, wrong, solved, lambda r: solved(r, softmax=WRONG_SOFTMAX)]
 
 @pytest.fixture(scope="module")
 def small_class(tmp_path_factory) -> Path:
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    scratch_course.release(root, CHAPTER)
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     for n, answers in enumerate(ANSWERS):
-        course.submit(root, f"student{n}", CHAPTER, answers(nbformat.from_dict(release)))
+        scratch_course.submit(root, f"student{n}", CHAPTER, answers(nbformat.from_dict(release)))
     return root
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def instructors(root: Path, chapter: str = CHAPTER) -> Path:
 
 
 def _canary(root: Path) -> None:
-    course.submit(root, "canary", CHAPTER, course.solved(root, CHAPTER))
+    scratch_course.submit(root, "canary", CHAPTER, scratch_course.solved(root, CHAPTER))
     for name, text in COLLECTED.items():
         (root / "submitted" / "canary" / CHAPTER / name).write_text(text)
 
@@ -58,12 +58,12 @@ def _linked_chapter_folder(root: Path) -> None:
 
 def _linked_beside(root: Path, student: str, name: str, target: Path) -> None:
     """A correct notebook, with nbgrader collect's ``name`` beside it as a link to ``target``."""
-    course.submit(root, student, CHAPTER, course.solved(root, CHAPTER))
+    scratch_course.submit(root, student, CHAPTER, scratch_course.solved(root, CHAPTER))
     (root / "submitted" / student / CHAPTER / name).symlink_to(target)
 
 
 def _linked_deep_inside(root: Path) -> None:
-    course.submit(root, "linked_deep_inside", CHAPTER, course.solved(root, CHAPTER))
+    scratch_course.submit(root, "linked_deep_inside", CHAPTER, scratch_course.solved(root, CHAPTER))
     data = root / "submitted" / "linked_deep_inside" / CHAPTER / "data"
     data.mkdir()
     (data / "answers.txt").symlink_to(instructors(root))
@@ -106,9 +106,9 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
     for chapter in (CHAPTER, OTHER):
-        course.release(root, chapter)
+        scratch_course.release(root, chapter)
     _canary(root)
     _linked_notebook(root)
     _linked_student_folder(root, tmp_path_factory.mktemp("elsewhere"))
@@ -188,8 +188,8 @@ def test_the_instructors_notebook_is_recognised_but_a_solved_release_is_not(grad
     root, _, _ = graded
     source = nbformat.read(instructors(root), as_version=4)
     assert submissions.is_instructors(source, source)
-    assert not submissions.is_instructors(course.solved(root, CHAPTER), source)
+    assert not submissions.is_instructors(scratch_course.solved(root, CHAPTER), source)
     hidden = next(c for c in source.cells if "BEGIN HIDDEN TESTS" in c.source)
-    one_cell = course.solved(root, CHAPTER)
+    one_cell = scratch_course.solved(root, CHAPTER)
     one_cell.cells.append(nbformat.from_dict(hidden))
     assert submissions.is_instructors(one_cell, source)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 from autograde_tests.chapters import hidden_in_grading
 from autograde_tests.grading import bubblewrap, kernel_view
 from autograde_tests.grading.sandbox_kernel import bwrap_arguments, connection_file
@@ -132,7 +132,7 @@ def test_a_kernel_graded_on_the_tokens_chapter_can_import_no_tokenizer_library(t
     assert failed_imports("07_attention_at_scale", libraries, tmp_path) == {}  # hidden for chapter 8 only
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_the_suites_stand_in_for_the_kernel_hides_what_the_sandbox_hides(chapter, tmp_path):
     every = [name for name in kernel_view.modules() if not name.endswith("__main__")]  # importing one would run it
     in_the_sandbox = failed_imports(chapter, every, tmp_path)

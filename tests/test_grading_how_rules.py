@@ -19,7 +19,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 
 from .adversarial import ATTENTION_OWN_SOFTMAX, solved, with_extra_cell
 
@@ -69,7 +69,7 @@ s.Training = Memorising
 
 def _replaced(cell_id: str, source: str):
     def make(notebook):
-        return course.with_mistake(notebook, cell_id, _source(notebook, cell_id), source.strip())
+        return scratch_course.with_mistake(notebook, cell_id, _source(notebook, cell_id), source.strip())
     return make
 
 
@@ -91,11 +91,11 @@ SUBMISSIONS = {  # (student, chapter): (the solved notebook -> the submission, i
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
     for chapter in CHAPTERS:
-        course.release(root, chapter)
+        scratch_course.release(root, chapter)
     for (student, chapter), (make, _) in SUBMISSIONS.items():
-        course.submit(root, student, chapter, make(course.solved(root, chapter)))
+        scratch_course.submit(root, student, chapter, make(scratch_course.solved(root, chapter)))
     run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--jobs", "1",
                           "--timeout", "600", "--cell-timeout", "120", "--memory", "3"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -107,7 +107,7 @@ def test_what_a_cell_does_to_the_kernels_records_changes_no_score(graded, submis
     root, outcomes = graded
     student, chapter = submission
     outcome = outcomes[f"{student}/{chapter}"]
-    assert outcome["score"] == SUBMISSIONS[submission][1], (outcome, course.diagnoses(root, student, chapter))
+    assert outcome["score"] == SUBMISSIONS[submission][1], (outcome, scratch_course.diagnoses(root, student, chapter))
 
 
 def test_a_graded_run_shows_the_kernels_record_as_a_note(graded):

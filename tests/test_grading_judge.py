@@ -8,7 +8,7 @@ import nbformat
 import pytest
 import torch
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 from autograde_tests.grading import judge
 from autograde_tests.remote.proxy import Session
 
@@ -38,7 +38,7 @@ def test_a_test_cell_with_anything_else_is_the_course_s_fault(source):
 
 
 def test_every_test_cell_of_every_chapter_is_check_calls_only():
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
         cells = [c for c in notebook.cells if c.metadata.get("nbgrader", {}).get("grade") and c.cell_type == "code"]
         assert cells and all(judge.check_calls(c.source) for c in cells), chapter

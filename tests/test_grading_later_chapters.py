@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import cgroups
 
 from .adversarial import CHAPTER, DECODER_ONLY, LATER, SHM_NAME
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> Path:
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
     for chapter in sorted({CHAPTER, *(case.chapter for case in LATER)}):  # chapter 1's release is where cases start
-        course.release(root, chapter)
+        scratch_course.release(root, chapter)
     submit(root, LATER, {b"{COURSE}": str(root).encode()})
     run = grade(root)
     assert run.returncode == 0, run.stderr[-3000:]

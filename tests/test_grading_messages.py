@@ -16,7 +16,7 @@ import nbformat
 import psutil
 import pytest
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 
 from .adversarial import ATTENTION_OWN_SOFTMAX, CANARY, CHAPTER, SOFTMAX, Case, attack, solved, with_extra_cell
 
@@ -158,12 +158,12 @@ def _is_kernel(process: psutil.Process) -> bool:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
-    release = nbformat.read(course.release(root, CHAPTER), as_version=4)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    release = nbformat.read(scratch_course.release(root, CHAPTER), as_version=4)
     for case in CASES:
-        course.submit(root, case.student, CHAPTER, case.make(nbformat.from_dict(release)))
-    course.release(root, LATER)
-    course.submit(root, "floods", LATER, _with_cell_after_the_first_answer(course.solved(root, LATER), LATER_FLOOD))
+        scratch_course.submit(root, case.student, CHAPTER, case.make(nbformat.from_dict(release)))
+    scratch_course.release(root, LATER)
+    scratch_course.submit(root, "floods", LATER, _with_cell_after_the_first_answer(scratch_course.solved(root, LATER), LATER_FLOOD))
     run = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory = PeakMemory(psutil.Process(run.pid))

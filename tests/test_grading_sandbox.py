@@ -18,7 +18,7 @@ import psutil
 import pytest
 from distributed import Client, LocalCluster
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 from autograde_tests.grading import worker
 from autograde_tests.grading.job import Job
 from autograde_tests.grading.worker import grade
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.sandbox
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("template"))
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("template"))
+    scratch_course.release(root, CHAPTER)
     return root
 
 

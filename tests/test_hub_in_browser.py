@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import scratch_course
 from autograde_tests.chapters import by_id
 from autograde_tests.hub import REPO, Hub, free_port
 from autograde_tests.nbgrader_course import gradebook
@@ -142,10 +142,10 @@ def validate(page) -> str:
 def test_the_course_runs_on_a_jupyterhub(hub):
     steps = Steps()
     ada, bob = hub.learners
-    solved = course.solved(REPO, CHAPTER)
+    solved = scratch_course.solved(REPO, CHAPTER)
     right = _answers(solved)
     grade_id, correct, mistaken = by_id(CHAPTER).typical_mistake
-    wrong = _answers(course.with_mistake(solved, grade_id, correct, mistaken))
+    wrong = _answers(scratch_course.with_mistake(solved, grade_id, correct, mistaken))
     with browser() as instance:
         with steps("instructor logs in; the formgrader is there"):
             teacher = log_in(instance, hub, hub.instructor)

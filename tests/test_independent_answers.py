@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 import tests.independent_answers as independent
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,7 +20,7 @@ HIDDEN_MARKERS = re.compile(r"^\s*### (BEGIN|END) HIDDEN TESTS\s*\n", re.MULTILI
 
 def chapter_of(module_name: str) -> str:
     number = module_name.removeprefix("ch")[:2]
-    return next(c for c in course.chapters(REPO) if c.startswith(number))
+    return next(c for c in nbgrader_course.chapters(REPO) if c.startswith(number))
 
 
 def graded_cells(chapter: str) -> list[str]:
@@ -40,6 +40,6 @@ def test_an_independent_answer_passes_every_check_of_its_chapter(name, capsys):
     assert out.count("✔") == 2 * len(cells), out
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_every_chapter_has_five_independent_answers(chapter):
     assert sum(chapter_of(name) == chapter for name in MODULES) >= 5

@@ -12,12 +12,12 @@ import pytest
 from nbgrader.api import get_alembic_version
 from sqlalchemy import text
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.chapters import by_id
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-CHAPTERS = course.chapters(REPO)
+CHAPTERS = nbgrader_course.chapters(REPO)
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +34,17 @@ def courses(tmp_path_factory) -> dict[str, Path]:
 
 
 def _handed_in(root: Path, chapter: str) -> Path:
-    course.scratch_course(REPO, root)
-    released = course.release(root, chapter)
-    solved = course.solved(root, chapter)
+    scratch_course.scratch_course(REPO, root)
+    released = scratch_course.release(root, chapter)
+    solved = scratch_course.solved(root, chapter)
     cell, correct, mistaken = by_id(chapter).typical_mistake
     handed_in = {
         "solved": solved,
         "untouched": nbformat.read(released, as_version=4),
-        "one_mistake": course.with_mistake(solved, cell, correct, mistaken),
+        "one_mistake": scratch_course.with_mistake(solved, cell, correct, mistaken),
     }
     for student, notebook in handed_in.items():
-        course.submit(root, student, chapter, notebook)
+        scratch_course.submit(root, student, chapter, notebook)
     return root
 
 
@@ -75,19 +75,19 @@ def test_release_is_byte_for_byte_the_committed_notebook(graded):
 
 def test_solved_notebook_gets_full_marks(graded):
     root, chapter = graded
-    assert course.scores(root, "solved", chapter)["total"] == course.max_score(root, chapter)
+    assert scratch_course.scores(root, "solved", chapter)["total"] == scratch_course.max_score(root, chapter)
 
 
 def test_untouched_release_gets_zero(graded):
     root, chapter = graded
-    assert course.scores(root, "untouched", chapter)["total"] == 0
+    assert scratch_course.scores(root, "untouched", chapter)["total"] == 0
 
 
 def test_one_mistake_loses_exactly_that_exercises_points(graded):
     root, chapter = graded
     cell = by_id(chapter).typical_mistake[0]
-    points = course.scores(root, "one_mistake", chapter)
-    full = course.scores(root, "solved", chapter)
+    points = scratch_course.scores(root, "one_mistake", chapter)
+    full = scratch_course.scores(root, "solved", chapter)
     assert points[f"test_{cell}"] == 0
     assert all(points[test] == full[test] for test in full if test not in (f"test_{cell}", "total"))
     assert points["total"] == full["total"] - full[f"test_{cell}"]
@@ -95,13 +95,13 @@ def test_one_mistake_loses_exactly_that_exercises_points(graded):
 
 def test_feedback_is_written_as_html(graded):
     root, chapter = graded
-    html = course.feedback(root, "one_mistake", chapter)
+    html = scratch_course.feedback(root, "one_mistake", chapter)
     assert html.is_file() and "<html" in html.read_text()
 
 
 def test_a_scratch_course_starts_with_a_gradebook_nbgrader_would_have_made(tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "course")
-    with course.gradebook(root) as book:
+    root = scratch_course.scratch_course(REPO, tmp_path / "course")
+    with nbgrader_course.gradebook(root) as book:
         assert book.assignments == [] and book.students == []
         (stamped,) = book.db.execute(text("SELECT version_num FROM alembic_version")).one()
     assert stamped == get_alembic_version()

@@ -5,11 +5,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course
 from autograde_tests.authoring import solution_regions
 
 REPO = Path(__file__).resolve().parents[1]
-CHAPTERS = course.chapters(REPO)
+CHAPTERS = nbgrader_course.chapters(REPO)
 NOTEBOOKS = sorted(REPO.glob("solutions/*/*.ipynb")) + sorted(REPO.glob("notebooks/*/*.ipynb"))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course
+from autograde_tests import nbgrader_course
 from autograde_tests.checks.harness import WIDTH
 
 from . import browser as b
@@ -72,7 +72,7 @@ def open_then_save(lab, relative: str) -> tuple[bool, bytes]:
         page.close()
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_released_notebook_opens_and_saves_unchanged(lab, chapter):
     relative = f"notebooks/{chapter}/{chapter}.ipynb"
     modified, saved = open_then_save(lab, relative)

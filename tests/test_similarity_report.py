@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.authoring import solution_regions
 from autograde_tests.grading import similarity
 from autograde_tests.grading.__main__ import parse
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHAPTER = "06_decoder_only"
 
 
-@pytest.mark.parametrize("chapter", course.chapters(REPO))
+@pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_disguised_copies_reach_the_threshold_and_independent_answers_stay_below(chapter):
     """And the instructor guide says so: its table holds each exercise's measured row, and its bounds hold."""
     guide = (REPO / "book" / "instructor_guide.md").read_text()
@@ -56,8 +56,8 @@ def written_as(module, disguise=lambda text: text):
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory) -> Path:
-    root = course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("class"))
+    scratch_course.release(root, CHAPTER)
     return root
 
 
@@ -67,15 +67,15 @@ def pairs_of(root: Path, known: Path | None = None) -> set[tuple[str, str, str]]
 
 
 def test_the_report_lists_exactly_the_copies(released, tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "class")
+    root = scratch_course.scratch_course(REPO, tmp_path / "class")
     (root / "notebooks").symlink_to(released / "notebooks")
-    course.submit(root, "alice", CHAPTER, answered(root, written_as(ch06_loops)))
-    course.submit(root, "bob", CHAPTER, answered(root, written_as(ch06_loops, renamed)))  # alice's, renamed
-    course.submit(root, "carol", CHAPTER, answered(root, written_as(solution_regions.reference_module(CHAPTER),
+    scratch_course.submit(root, "alice", CHAPTER, answered(root, written_as(ch06_loops)))
+    scratch_course.submit(root, "bob", CHAPTER, answered(root, written_as(ch06_loops, renamed)))  # alice's, renamed
+    scratch_course.submit(root, "carol", CHAPTER, answered(root, written_as(solution_regions.reference_module(CHAPTER),
                                                                     everything)))  # the reference, disguised
-    course.submit(root, "dave", CHAPTER, answered(root, written_as(ch06_einsum)))
-    course.submit(root, "erin", CHAPTER, answered(root, written_as(ch06_compact)))
-    course.submit(root, "frank", CHAPTER, nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4))
+    scratch_course.submit(root, "dave", CHAPTER, answered(root, written_as(ch06_einsum)))
+    scratch_course.submit(root, "erin", CHAPTER, answered(root, written_as(ch06_compact)))
+    scratch_course.submit(root, "frank", CHAPTER, nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4))
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
     exercises = list(similarity.answer_cells(release, release))
     solution = f"the course's solution (solutions/{CHAPTER})"
@@ -87,13 +87,13 @@ def test_the_report_lists_exactly_the_copies(released, tmp_path):
 
 
 def test_a_folder_of_known_solutions_is_compared_too(released, tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "class")
+    root = scratch_course.scratch_course(REPO, tmp_path / "class")
     (root / "notebooks").symlink_to(released / "notebooks")
     known = tmp_path / "known" / "2025"
     known.mkdir(parents=True)
     (known / "found_online.py").write_text(Path(ch06_verbose.__file__).read_text())
-    course.submit(root, "alice", CHAPTER, answered(root, written_as(ch06_verbose, renamed)))
-    course.submit(root, "bob", CHAPTER, answered(root, written_as(ch06_einsum)))
+    scratch_course.submit(root, "alice", CHAPTER, answered(root, written_as(ch06_verbose, renamed)))
+    scratch_course.submit(root, "bob", CHAPTER, answered(root, written_as(ch06_einsum)))
     found = {(who, other) for _, who, other in pairs_of(root, tmp_path / "known")}
     assert found == {("alice", "2025/found_online.py")}
 
@@ -108,7 +108,7 @@ class _Tags(html.parser.HTMLParser):
 
 
 def test_a_learners_text_never_breaks_the_page(released, tmp_path):
-    root = course.scratch_course(REPO, tmp_path / "class")
+    root = scratch_course.scratch_course(REPO, tmp_path / "class")
     (root / "notebooks").symlink_to(released / "notebooks")
     hostile = "<b onmouseover=alert(1)>"
     script = '</pre><script>alert("copied")</script><pre>'
@@ -116,8 +116,8 @@ def test_a_learners_text_never_breaks_the_page(released, tmp_path):
     def bodies(owner):
         return solution_regions.reference_body(ch06_loops, owner) + f"\n# {script}\nnote = '{script}'"
 
-    course.submit(root, hostile, CHAPTER, answered(root, bodies))
-    course.submit(root, "bob|x", CHAPTER, answered(root, bodies))
+    scratch_course.submit(root, hostile, CHAPTER, answered(root, bodies))
+    scratch_course.submit(root, "bob|x", CHAPTER, answered(root, bodies))
     lines = similarity.write_reports(root, [CHAPTER], similarity.THRESHOLD, None)
     page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
     tags = _Tags()

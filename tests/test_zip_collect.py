@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import course, nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -38,7 +38,7 @@ HONEST = ("zoe", "gus")
 
 def _downloads(root: Path) -> None:
     """What an instructor puts in downloaded/<chapter>/archive/: the LMS's zip and single uploads."""
-    solved = nbformat.writes(course.solved(root, CHAPTER))
+    solved = nbformat.writes(scratch_course.solved(root, CHAPTER))
     archive = root / "downloaded" / CHAPTER / "archive"
     archive.mkdir(parents=True)
     with zipfile.ZipFile(archive / "lms_download.zip", "w") as bundle:
@@ -61,8 +61,8 @@ def _everything(top: Path) -> set[Path]:
 @pytest.fixture(scope="module")
 def collected(tmp_path_factory):
     base = tmp_path_factory.mktemp("zip")
-    root = course.scratch_course(REPO, base / "class")
-    course.release(root, CHAPTER)
+    root = scratch_course.scratch_course(REPO, base / "class")
+    scratch_course.release(root, CHAPTER)
     _downloads(root)
     before = _everything(base)
     run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS,

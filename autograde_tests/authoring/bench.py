@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import course
+from .. import nbgrader_course, scratch_course
 from ..checks.harness import one_thread
 from ..reference.attention import scaled_dot_product_attention
 from ..reference.attention_at_scale import tiled_attention
@@ -94,13 +94,13 @@ def _bare_notebook_seconds(folder: Path) -> float:
 
 
 def autograding(repeats: int, chapters: list[str]) -> list[Row]:
-    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-autograde-")))
+    root = scratch_course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-autograde-")))
     floor = statistics.median(_bare_notebook_seconds(root) for _ in range(repeats))
     rows = [Row("executing a notebook that only imports torch (the floor)", f"{floor:.2f} s")]
     for chapter in chapters:
-        course.release(root, chapter)
-        course.submit(root, "student", chapter, course.solved(root, chapter))
-        seconds = median_seconds(lambda: course.autograde(root, "student", chapter), repeats)
+        scratch_course.release(root, chapter)
+        scratch_course.submit(root, "student", chapter, scratch_course.solved(root, chapter))
+        seconds = median_seconds(lambda: scratch_course.autograde(root, "student", chapter), repeats)
         rows.append(Row(f"`nbgrader autograde` of solved {chapter}", f"{seconds:.2f} s", f"{floor:.2f} s",
                         f"{seconds / floor:.1f}×"))
     shutil.rmtree(root, ignore_errors=True)
@@ -116,13 +116,13 @@ def class_grading(repeats: int, students: int, class_size: int, warm: bool = Tru
     once before it is timed), against the floor; then one run of a class of ``class_size``."""
     from distributed import Client, LocalCluster
 
-    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-class-")))
+    root = scratch_course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-class-")))
     floor = statistics.median(_bare_notebook_seconds(root) for _ in range(repeats))
-    chapter = course.chapters(root)[0]
-    course.release(root, chapter)
-    answer = course.solved(root, chapter)
+    chapter = nbgrader_course.chapters(root)[0]
+    scratch_course.release(root, chapter)
+    answer = scratch_course.solved(root, chapter)
     for n in range(students):
-        course.submit(root, f"student{n:03d}", chapter, answer)
+        scratch_course.submit(root, f"student{n:03d}", chapter, answer)
 
     def grade(*args: str) -> None:
         command = [sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--force", *args]
@@ -146,7 +146,7 @@ def class_grading(repeats: int, students: int, class_size: int, warm: bool = Tru
                         f"floor {floor:.2f} s" if what == "--jobs 1" else f"{students / one * 60:.1f} (`--jobs 1`)",
                         f"{per / floor:.2f}× the floor" if what == "--jobs 1" else f"{one / taken:.2f}×"))
     for n in range(students, class_size):
-        course.submit(root, f"student{n:03d}", chapter, answer)
+        scratch_course.submit(root, f"student{n:03d}", chapter, answer)
     start = time.perf_counter()
     grade("--jobs", "2")
     taken = time.perf_counter() - start
@@ -163,9 +163,9 @@ def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder
     the time covers reading, fingerprinting and all the pairs, and the page has its full 100 pairs to show."""
     from ..grading import similarity
 
-    root = course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-similarity-")))
-    course.release(root, chapter)
-    solved = course.solved(root, chapter)
+    root = scratch_course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-similarity-")))
+    scratch_course.release(root, chapter)
+    solved = scratch_course.solved(root, chapter)
     rows = []
     for size in sizes:
         for n in range(size):
@@ -174,7 +174,7 @@ def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder
                 if cell.metadata.get("nbgrader", {}).get("solution"):
                     numbers = ", ".join(str(1000 * n + i) for i in range(len(cell.source) // 8))
                     cell.source += f"\n\nnumbers_of_my_own = [{numbers}]"
-            course.submit(root, f"student{n:04d}", chapter, notebook)
+            scratch_course.submit(root, f"student{n:04d}", chapter, notebook)
         seconds = median_seconds(lambda: similarity.write_reports(root, [chapter], similarity.THRESHOLD, None), repeats)
         exercises = sum(bool(c.metadata.get("nbgrader", {}).get("solution")) for c in solved.cells)
         rows.append(Row(f"the similarity report of {chapter} ({exercises} exercises), a class of {size}: "
@@ -443,7 +443,7 @@ LEARN_PROMISE = re.compile(r"trains your model for up to (\d+) steps on one smal
 def explore_cells() -> list[tuple[str, int]]:
     """(chapter, index) of every solution notebook's code cell that trains behind the RUN switch."""
     found = []
-    for chapter in course.chapters(REPO):
+    for chapter in nbgrader_course.chapters(REPO):
         notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
         found += [(chapter, i) for i, cell in enumerate(notebook.cells)
                   if cell.cell_type == "code" and any(line.startswith(SWITCH) for line in cell.source.splitlines())]
@@ -478,10 +478,10 @@ def learn_check_run() -> tuple[float, int]:
     step), on the reference: its training's CPU seconds and steps."""
     from unittest import mock
 
-    from ..checks import transformer as checks
+    from ..checks.transformer import check_transformer, learning
     from ..reference import Transformer
 
-    runs, train = [], checks._train
+    runs, train = [], learning._train
 
     def timed(*args):
         started = time.process_time()
@@ -489,8 +489,8 @@ def learn_check_run() -> tuple[float, int]:
         runs.append((time.process_time() - started, len(run["losses"])))
         return run
 
-    with mock.patch.object(checks, "LEARN_LOSS", 0.0), mock.patch.object(checks, "_train", timed):
-        checks.check_transformer(Transformer)  # on one thread, as in a graded kernel
+    with mock.patch.object(learning, "LEARN_LOSS", 0.0), mock.patch.object(learning, "_train", timed):
+        check_transformer(Transformer)  # on one thread, as in a graded kernel
     (run,) = runs
     return run
 
@@ -620,7 +620,7 @@ def main(argv=None) -> None:
     if args.repeats < (1 if args.smoke else 3):
         parser.error("--repeats must be at least 3 (medians of fewer runs are noise)")
     repeats = 1 if args.smoke else args.repeats
-    chapters = course.chapters(REPO)
+    chapters = nbgrader_course.chapters(REPO)
     figures = {
         "1": ("Autograding: seconds per notebook against the floor",
               lambda: autograding(repeats, chapters[:1] if args.smoke else chapters)),

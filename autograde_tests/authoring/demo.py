@@ -11,7 +11,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from .. import course as c
+import nbformat
+
+from .. import nbgrader_course, scratch_course
 from ..chapters import by_id
 
 STUDENTS = ("solved", "untouched", "one_mistake")
@@ -37,30 +39,30 @@ def main() -> None:
     if not (args.repo / "solutions").is_dir():
         parser.error(f"{args.repo}: no solutions/ folder here; run from the course repository or pass --repo")
 
-    root = c.scratch_course(args.repo, Path(tempfile.mkdtemp(prefix="attention-course-demo-")))
+    root = scratch_course.scratch_course(args.repo, Path(tempfile.mkdtemp(prefix="attention-course-demo-")))
     log = root / "nbgrader.log"
     print(f"Scratch course: {root}  (nbgrader's log: {log.name})")
     warnings.simplefilter("ignore")  # nbgrader's gradebook emits SQLAlchemy warnings that say nothing to a reader
-    for chapter in c.chapters(root):
+    for chapter in nbgrader_course.chapters(root):
         with stderr_to(log):
-            released = c.release(root, chapter)
-        solved = c.solved(root, chapter)
+            released = scratch_course.release(root, chapter)
+        solved = scratch_course.solved(root, chapter)
         cell, correct, mistaken = by_id(chapter).typical_mistake
         handed_in = {
             "solved": solved,
-            "untouched": c.nbformat.read(released, as_version=4),
-            "one_mistake": c.with_mistake(solved, cell, correct, mistaken),
+            "untouched": nbformat.read(released, as_version=4),
+            "one_mistake": scratch_course.with_mistake(solved, cell, correct, mistaken),
         }
-        top = c.max_score(root, chapter)
+        top = scratch_course.max_score(root, chapter)
         print(f"\n{chapter} (out of {top:g})")
         for student in STUDENTS:
-            c.submit(root, student, chapter, handed_in[student])
+            scratch_course.submit(root, student, chapter, handed_in[student])
             with stderr_to(log):
-                c.autograde(root, student, chapter)
-                html = c.feedback(root, student, chapter)
-            total = c.scores(root, student, chapter)["total"]
+                scratch_course.autograde(root, student, chapter)
+                html = scratch_course.feedback(root, student, chapter)
+            total = scratch_course.scores(root, student, chapter)["total"]
             print(f"  {student:<12} {total:>4g} / {top:g}   feedback: {html.relative_to(root)}")
-            for message in c.diagnoses(root, student, chapter):
+            for message in scratch_course.diagnoses(root, student, chapter):
                 print(f"  {'':<12} {message}")
 
 

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import course as nbcourse
 from .. import exchange, nbgrader_course
 from . import batch, bubblewrap, cluster, report, similarity
 
@@ -53,7 +52,7 @@ def parse(argv=None) -> batch.Settings:
     course = args.course.resolve()
     if not (course / "nbgrader_config.py").is_file():
         parser.error(f"{course}: not a course folder (no nbgrader_config.py)")
-    known = nbcourse.chapters(course)
+    known = nbgrader_course.chapters(course)
     unknown = [c for c in args.chapter or [] if c not in known]
     if unknown:
         parser.error(f"unknown chapter {unknown[0]!r} (chapters: {', '.join(known)})")

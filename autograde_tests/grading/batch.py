@@ -254,7 +254,7 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
     if submissions.is_instructors(submitted, nbformat.reads(solution, as_version=4)):
         return attention(f"this is the instructor's notebook (it holds solutions/{pair.chapter}'s solution "
                          "regions or hidden tests): not graded", digest=digest)
-    release = nbformat.read(released(course, pair.chapter), as_version=4)
+    release = nbformat.read(nbgrader_course.released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
     job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
@@ -274,12 +274,6 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
     folder = f"{pair.student}/{pair.chapter}"
     return {name: submission_files.read_beneath(course / "submitted", f"{folder}/{name}", CARRIED_BYTES)
             for name in CARRIED if name in pair.extra_files}
-
-
-def released(course: Path, chapter: str) -> Path:
-    """The learners' notebook of ``chapter``, in the course's release folder."""
-    release = nbgrader_course.config(course).CourseDirectory.get("release_directory", "release")
-    return course / release / chapter / f"{chapter}.ipynb"
 
 
 def _record_result(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:

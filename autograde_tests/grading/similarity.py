@@ -28,7 +28,7 @@ from copydetect import CodeFingerprint, compare_files
 from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
 from .. import nbgrader_course, submission_files
-from . import batch, submissions
+from . import submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
 THRESHOLD = 0.7  # the default, between copies (0.88 and up) and independent answers (0.39 and below): see the guide
@@ -281,7 +281,7 @@ def _shown(a: CodeFingerprint, b: CodeFingerprint) -> tuple[str, str]:
 
 
 def compare_chapter(course: Path, chapter: str, threshold: float, folder: Path | None) -> list[Pair]:
-    release = nbformat.read(batch.released(course, chapter), as_version=4)
+    release = nbformat.read(nbgrader_course.released(course, chapter), as_version=4)
     learners, published = classmates(course, chapter, release), known(course, chapter, release, folder)
     pairs = []
     for exercise in [c.metadata.nbgrader.grade_id for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")]:

@@ -87,7 +87,7 @@ class _Worker:
             course = self.root / key
             (course / "solutions" / job.chapter).mkdir(parents=True)
             # Its gradebook is its own, wherever the course's configuration puts the course's.
-            own = f'\nc.CourseDirectory.db_url = "sqlite:///{course / "gradebook.db"}"\n'
+            own = f'\nc.CourseDirectory.db_url = "{nbgrader_course.gradebook_url(course)}"\n'
             (course / "nbgrader_config.py").write_text(job.config + own)
             (course / "solutions" / job.chapter / f"{job.chapter}.ipynb").write_text(job.solution)
             nbgrader_course.start_gradebook(course)

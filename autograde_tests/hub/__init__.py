@@ -24,7 +24,7 @@ from pathlib import Path
 
 import autograde_tests
 
-from .. import course
+from .. import nbgrader_course, scratch_course
 from . import accounts
 from .accounts import HubError
 
@@ -154,9 +154,9 @@ class Hub:
     def _fill_course(self) -> None:
         """The course's configuration and instructor notebooks, and the release and gradebook that
         `make release` would make there (`make grade` grades only chapters in the gradebook)."""
-        course.scratch_course(REPO, self.course)
-        for chapter in course.chapters(self.course):
-            course.release(self.course, chapter)
+        scratch_course.scratch_course(REPO, self.course)
+        for chapter in nbgrader_course.chapters(self.course):
+            scratch_course.release(self.course, chapter)
         # The instructor's JupyterLab shows nbgrader's instructor parts (formgrader, Create Assignment).
         shutil.copytree(REPO / "jupyter" / "instructor", self.course / ".jupyter", dirs_exist_ok=True)
         accounts.give(self.instructor, self.course)

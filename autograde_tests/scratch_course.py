@@ -1,7 +1,8 @@
 """Drive nbgrader on a scratch copy of the course: release, submit, autograde, feedback, scores.
 
-Used by ``make demo`` and by the end-to-end tests, so that what the tests prove is what the demo shows.
-Everything goes through nbgrader's own Python API; nothing here re-implements grading.
+Used by ``make demo``, ``make bench``, the hub and the end-to-end tests, so that what the tests prove is what
+the demo shows. Everything goes through nbgrader's own Python API; nothing here re-implements grading. (The
+course's chapters, and where they are released, are ``nbgrader_course``'s.)
 """
 
 import shutil
@@ -9,12 +10,7 @@ from pathlib import Path
 
 import nbformat
 
-from .nbgrader_course import SOLUTION_MARKERS, api, failure_messages, gradebook, run, start_gradebook
-
-
-def chapters(course: Path) -> list[str]:
-    """The chapter ids, read from the instructor notebooks in ``solutions/``."""
-    return sorted(p.name for p in (course / "solutions").glob("[0-9]*_*") if p.is_dir())
+from .nbgrader_course import SOLUTION_MARKERS, api, failure_messages, gradebook, released, run, start_gradebook
 
 
 def scratch_course(repo: Path, dest: Path) -> Path:
@@ -29,7 +25,7 @@ def scratch_course(repo: Path, dest: Path) -> Path:
 def release(course: Path, chapter: str) -> Path:
     """``nbgrader generate_assignment``: the learners' notebook, made from the instructor's."""
     run(api(course).generate_assignment(chapter, force=True))
-    return course / "notebooks" / chapter / f"{chapter}.ipynb"
+    return released(course, chapter)
 
 
 def solved(course: Path, chapter: str) -> nbformat.NotebookNode:
@@ -40,7 +36,7 @@ def solved(course: Path, chapter: str) -> nbformat.NotebookNode:
         for c in source.cells
         if c.metadata.get("nbgrader", {}).get("solution")
     }
-    notebook = nbformat.read(course / "notebooks" / chapter / f"{chapter}.ipynb", as_version=4)
+    notebook = nbformat.read(released(course, chapter), as_version=4)
     for cell in notebook.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if grade_id in answers:
