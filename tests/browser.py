@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests.hub import answers, free_port
+from autograde_tests.hub.local_hub import answers, free_port
 
 CHROMIUM_FLAGS = [
     "--no-sandbox",

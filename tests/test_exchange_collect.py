@@ -16,7 +16,7 @@ from nbgrader.exchange import ExchangeFactory
 
 from autograde_tests import scratch_course
 from autograde_tests.exchange import SafeCollect
-from autograde_tests.hub import Hub
+from autograde_tests.hub.local_hub import Hub
 from autograde_tests.nbgrader_course import config
 
 REPO = Path(__file__).resolve().parents[1]

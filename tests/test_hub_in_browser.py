@@ -20,7 +20,7 @@ import pytest
 
 from autograde_tests import scratch_course
 from autograde_tests.chapters import by_id
-from autograde_tests.hub import REPO, Hub, free_port
+from autograde_tests.hub.local_hub import REPO, Hub, free_port
 from autograde_tests.nbgrader_course import gradebook
 
 from .browser import browser, chromium

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from autograde_tests import hub as hub_module
-from autograde_tests.hub import Hub
+from autograde_tests.hub import local_hub
 from autograde_tests.hub.accounts import HubError, PasswordPerAccount
+from autograde_tests.hub.local_hub import Hub
 
 UNUSED = Path("no-proxy-needed")
 
@@ -48,7 +48,7 @@ def test_a_repository_in_a_private_folder_is_opened_to_the_accounts_and_closed_a
     (repo / "Makefile").write_text("grade:\n\t@echo graded\n")
     repo.chmod(0o700)
     private.chmod(0o700)
-    monkeypatch.setattr(hub_module, "REPO", repo)
+    monkeypatch.setattr(local_hub, "REPO", repo)
     hub = Hub(UNUSED)
     hub._let_accounts_reach_the_environment()
     try:

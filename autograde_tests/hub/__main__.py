@@ -5,7 +5,8 @@ import signal
 import sys
 from pathlib import Path
 
-from . import REPO, Hub, HubError
+from .accounts import HubError
+from .local_hub import REPO, Hub
 
 
 def main(argv: list[str] | None = None) -> int:
