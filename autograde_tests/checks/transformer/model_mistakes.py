@@ -83,7 +83,7 @@ DECODE_MISTAKES = [
 DECODE_CALL = "self.decode(tgt, memory, tgt_padding_mask, src_padding_mask)"
 FORWARD_MISTAKES = [
     Mistake("forward passes the padding masks the wrong way round",
-            "the contract's order is forward(src, tgt, src_padding_mask, tgt_padding_mask); encode takes "
+            "the notebook's order is forward(src, tgt, src_padding_mask, tgt_padding_mask); encode takes "
             "src_padding_mask, decode takes (tgt, memory, tgt_padding_mask, src_padding_mask).",
             # Never computed on the check's cases (S != T: the swapped masks cannot broadcast); the learner's forward
             # raises instead, and the check's message then asks whether the masks are the wrong way round.
