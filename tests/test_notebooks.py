@@ -1,11 +1,13 @@
-"""The committed notebooks follow the course's rules: no outputs, one layout, graded cells with hidden tests."""
+"""The committed notebooks follow the course's rules: no outputs, one layout, graded cells with hidden tests, and the
+learners' release is what ``make release`` makes of the instructor notebooks, byte for byte."""
 
+import filecmp
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from autograde_tests import nbgrader_course
+from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.authoring import solution_regions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,3 +69,24 @@ def test_a_solution_that_drifted_from_the_reference_is_found_and_rewritten():
     assert "x.softmax(dim)" not in written and "torch.exp(" in written
     assert written.startswith('def softmax(x, dim=-1):\n    """Softmax."""\n    ### BEGIN SOLUTION\n')
     assert solution_regions.signature_mismatches(drifted.replace("dim=-1", "dim=0"), module) != []
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """Every chapter released by nbgrader (``nbgrader generate_assignment``, as ``make release`` does) in a
+    scratch copy of the course."""
+    root = scratch_course.scratch_course(REPO, tmp_path_factory.mktemp("course"))
+    for chapter in CHAPTERS:
+        scratch_course.release(root, chapter)
+    return root
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_release_is_byte_for_byte_the_committed_notebook(released, chapter):
+    generated, committed = released / "notebooks" / chapter, REPO / "notebooks" / chapter
+    comparison = filecmp.dircmp(generated, committed)
+    assert not comparison.left_only and not comparison.right_only, "notebooks/ is out of sync: run `make release`"
+    for name in comparison.common_files:
+        assert (generated / name).read_bytes() == (committed / name).read_bytes(), (
+            f"notebooks/{chapter}/{name} is out of sync with solutions/: run `make release`"
+        )
