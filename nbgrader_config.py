@@ -3,6 +3,7 @@
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
+from autograde_tests.grading import limits
 from autograde_tests.grading.feedback import ShortTracebacks
 
 c = get_config()  # noqa: F821 (injected by nbgrader)
@@ -14,8 +15,8 @@ c.CourseDirectory.release_directory = "notebooks"
 # Learners' stubs: what replaces the code between BEGIN/END SOLUTION.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 
-# A hanging submission must not stall a class: give each cell a bounded time.
-c.ExecutePreprocessor.timeout = 120
+# A hanging submission must not stall a class: give each cell a bounded time (make grade's default too).
+c.ExecutePreprocessor.timeout = limits.CELL_SECONDS
 
 # Feedback shows each check's message but never the hidden tests' code, in the source or a traceback.
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, ShortTracebacks, CSSHTMLHeaderPreprocessor]

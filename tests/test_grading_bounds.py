@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from autograde_tests import scratch_course
-from autograde_tests.grading import cgroups
+from autograde_tests.grading import cgroups, limits
 
 from .adversarial import CANARY, CHAPTER, WRONG_ATTENTION, solved
 
@@ -147,10 +147,10 @@ def test_a_fork_bomb_stops_at_the_process_cap_counted_from_outside(graded):
     root, _ = graded
     result = outcome(root, "fork_bomb")
     assert (result["status"], result["score"]) == ("graded", 6), result
-    assert result["resources"]["peak_processes"] <= cgroups.PROCESSES
+    assert result["resources"]["peak_processes"] <= limits.PROCESSES
     assert result["resources"]["refused_forks"] >= 1
     forks = next(line for line in printed(root, "fork_bomb").splitlines() if line.startswith("FORKS"))
-    assert int(forks.split()[1]) < cgroups.PROCESSES and forks.endswith("then BlockingIOError")
+    assert int(forks.split()[1]) < limits.PROCESSES and forks.endswith("then BlockingIOError")
 
 
 def test_the_canary_keeps_exactly_its_score(graded):

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 
 from autograde_tests import nbgrader_course, scratch_course
-from autograde_tests.grading import batch
+from autograde_tests.grading import limits
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -80,7 +80,7 @@ def _instructors_notebook_as_a_file(root: Path) -> None:
 def _oversized_notebook(root: Path) -> None:
     """Larger than any notebook may be (a sparse file: it takes no disk)."""
     with open(notebook_of(root, "oversized_notebook"), "wb") as notebook:
-        notebook.truncate(batch.NOTEBOOK_BYTES + 1)
+        notebook.truncate(limits.NOTEBOOK_BYTES + 1)
 
 
 def _linked_notebook_of_chapter_7(root: Path) -> None:
@@ -98,7 +98,7 @@ EXPECTED = {
     "fifo_notebook": (CHAPTER, f"submitted/fifo_notebook/{CHAPTER}/{CHAPTER}.ipynb is a FIFO (named pipe)"),
     "instructors_notebook_as_a_file": (CHAPTER, "this is the instructor's notebook"),
     "oversized_notebook": (CHAPTER, f"submitted/oversized_notebook/{CHAPTER}/{CHAPTER}.ipynb is larger than "
-                                    f"{batch.NOTEBOOK_BYTES} bytes"),
+                                    f"{limits.NOTEBOOK_BYTES} bytes"),
     "linked_notebook_of_chapter_7": (OTHER, f"submitted/linked_notebook_of_chapter_7/{OTHER}/{OTHER}.ipynb "
                                             "is a symbolic link (to "),
 }

@@ -11,7 +11,7 @@ import pytest
 
 from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.authoring import solution_regions
-from autograde_tests.grading import similarity
+from autograde_tests.grading import limits, similarity
 from autograde_tests.grading.__main__ import parse
 
 from . import similarity_measure
@@ -29,11 +29,11 @@ def test_disguised_copies_reach_the_threshold_and_independent_answers_stay_below
     copies = float(re.search(r"Every copy scores (\d\.\d\d) or more", guide).group(1))
     independent = float(re.search(r"every independent pair (\d\.\d\d) or less", guide).group(1))
     for s in similarity_measure.measure(chapter):
-        assert s.lowest_copy >= similarity.THRESHOLD, s
+        assert s.lowest_copy >= limits.SIMILARITY_THRESHOLD, s
         assert similarity_measure.row(chapter, s) in guide.splitlines(), s
         assert round(s.lowest_copy, 2) >= copies, s
         if s.exercise not in similarity.FEW_WAYS:
-            assert s.highest_independent < similarity.THRESHOLD, s
+            assert s.highest_independent < limits.SIMILARITY_THRESHOLD, s
             assert round(s.highest_independent, 2) <= independent, s
 
 
@@ -63,7 +63,7 @@ def released(tmp_path_factory) -> Path:
 
 def pairs_of(root: Path, known: Path | None = None) -> set[tuple[str, str, str]]:
     return {(p.exercise, p.learner.author, p.other.author)
-            for p in similarity.compare_chapter(root, CHAPTER, similarity.THRESHOLD, known)}
+            for p in similarity.compare_chapter(root, CHAPTER, limits.SIMILARITY_THRESHOLD, known)}
 
 
 def test_the_report_lists_exactly_the_copies(released, tmp_path):
@@ -72,15 +72,15 @@ def test_the_report_lists_exactly_the_copies(released, tmp_path):
     scratch_course.submit(root, "alice", CHAPTER, answered(root, written_as(ch06_loops)))
     scratch_course.submit(root, "bob", CHAPTER, answered(root, written_as(ch06_loops, renamed)))  # alice's, renamed
     scratch_course.submit(root, "carol", CHAPTER, answered(root, written_as(solution_regions.reference_module(CHAPTER),
-                                                                    everything)))  # the reference, disguised
+                                                                            everything)))  # the reference, disguised
     scratch_course.submit(root, "dave", CHAPTER, answered(root, written_as(ch06_einsum)))
     scratch_course.submit(root, "erin", CHAPTER, answered(root, written_as(ch06_compact)))
-    scratch_course.submit(root, "frank", CHAPTER, nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4))
     release = nbformat.read(root / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4)
+    scratch_course.submit(root, "frank", CHAPTER, release)  # the release as it is
     exercises = list(similarity.answer_cells(release, release))
     solution = f"the course's solution (solutions/{CHAPTER})"
     assert pairs_of(root) == {(e, who, other) for e in exercises for who, other in (("alice", "bob"), ("carol", solution))}
-    section = "\n".join(similarity.write_reports(root, [CHAPTER], similarity.THRESHOLD, None))
+    section = "\n".join(similarity.write_reports(root, [CHAPTER], limits.SIMILARITY_THRESHOLD, None))
     page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
     for text in (section, page):  # it informs: "similar", never a verdict
         assert "similar" in text.lower() and not any(w in text.lower() for w in ("copied", "plagiar", "cheat"))
@@ -118,7 +118,7 @@ def test_a_learners_text_never_breaks_the_page(released, tmp_path):
 
     scratch_course.submit(root, hostile, CHAPTER, answered(root, bodies))
     scratch_course.submit(root, "bob|x", CHAPTER, answered(root, bodies))
-    lines = similarity.write_reports(root, [CHAPTER], similarity.THRESHOLD, None)
+    lines = similarity.write_reports(root, [CHAPTER], limits.SIMILARITY_THRESHOLD, None)
     page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
     tags = _Tags()
     tags.feed(page)

@@ -161,7 +161,7 @@ def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder
     learners. Each learner's answers are the course's solution with a list of numbers of their own added,
     as long as the answer: every learner is then similar to the solution and no two learners are alike, so
     the time covers reading, fingerprinting and all the pairs, and the page has its full 100 pairs to show."""
-    from ..grading import similarity
+    from ..grading import limits, similarity
 
     root = scratch_course.scratch_course(REPO, Path(tempfile.mkdtemp(prefix="bench-similarity-")))
     scratch_course.release(root, chapter)
@@ -175,7 +175,8 @@ def similarity_report(repeats: int, sizes: list[int], chapter: str = "06_decoder
                     numbers = ", ".join(str(1000 * n + i) for i in range(len(cell.source) // 8))
                     cell.source += f"\n\nnumbers_of_my_own = [{numbers}]"
             scratch_course.submit(root, f"student{n:04d}", chapter, notebook)
-        seconds = median_seconds(lambda: similarity.write_reports(root, [chapter], similarity.THRESHOLD, None), repeats)
+        threshold = limits.SIMILARITY_THRESHOLD
+        seconds = median_seconds(lambda: similarity.write_reports(root, [chapter], threshold, None), repeats)
         exercises = sum(bool(c.metadata.get("nbgrader", {}).get("solution")) for c in solved.cells)
         rows.append(Row(f"the similarity report of {chapter} ({exercises} exercises), a class of {size}: "
                         f"{size * (size - 1) // 2 * exercises:,} pairs of classmates' answers", f"{seconds:.1f} s",

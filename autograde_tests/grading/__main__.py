@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import exchange, nbgrader_course
-from . import batch, bubblewrap, cluster, report, similarity
+from . import batch, bubblewrap, cluster, limits, report, similarity
 
 PROG = "python -m autograde_tests.grading"
 
@@ -33,20 +33,26 @@ def parse(argv=None) -> batch.Settings:
     parser.add_argument("--jobs", type=int, default=os.cpu_count(),
                         help="grading workers on this machine, each grading one submission at a time (default: cores)")
     parser.add_argument("--scheduler", help="a Dask scheduler's address (tcp://HOST:8786): grade on its workers instead")
-    parser.add_argument("--wait-for-workers", type=float, default=300, metavar="SECONDS",
-                        help="how long no grading worker may be connected before the batch stops (default: 300)")
-    parser.add_argument("--timeout", type=int, default=600, help="seconds for one submission (default: 600)")
-    parser.add_argument("--cell-timeout", type=int, default=120, help="seconds for one cell (default: 120)")
-    parser.add_argument("--memory", type=float, default=4.0, help="GiB of memory for one kernel (default: 4)")
-    parser.add_argument("--output", type=int, default=1_000_000, help="characters a kernel may print (default: 1e6)")
+    parser.add_argument("--wait-for-workers", type=float, default=limits.WORKER_PATIENCE_SECONDS, metavar="SECONDS",
+                        help="how long no grading worker may be connected before the batch stops "
+                             "(default: %(default)g)")
+    parser.add_argument("--timeout", type=int, default=limits.SUBMISSION_SECONDS,
+                        help="seconds for one submission (default: %(default)s)")
+    parser.add_argument("--cell-timeout", type=int, default=limits.CELL_SECONDS,
+                        help="seconds for one cell (default: %(default)s)")
+    parser.add_argument("--memory", type=float, default=limits.MEMORY_BYTES / 2**30,
+                        help="GiB of memory for one kernel (default: %(default)g)")
+    parser.add_argument("--output", type=int, default=limits.OUTPUT_BYTES, metavar="BYTES",
+                        help="bytes of messages a kernel's cells may send in all, each output counted with "
+                             f"{limits.OUTPUT_OVERHEAD_BYTES} more (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="regrade submissions that have not changed")
     parser.add_argument("--zip-collect", action="store_true", help="first run nbgrader zip_collect for each chapter")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run kernels without bubblewrap: for trusted work only (your own notebooks)")
     parser.add_argument("--known-solutions", type=Path, metavar="DIR",
                         help="a folder of published answers (notebooks, Python files) the similarity report compares with")
-    parser.add_argument("--similarity", type=float, default=similarity.THRESHOLD, metavar="THRESHOLD",
-                        help=f"the similarity from which the report lists a pair, 0 to 1 (default: {similarity.THRESHOLD})")
+    parser.add_argument("--similarity", type=float, default=limits.SIMILARITY_THRESHOLD, metavar="THRESHOLD",
+                        help="the similarity from which the report lists a pair, 0 to 1 (default: %(default)s)")
     args = parser.parse_args(argv)
 
     course = args.course.resolve()

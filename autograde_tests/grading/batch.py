@@ -31,14 +31,12 @@ import nbformat
 from tqdm import tqdm
 
 from .. import exchange, nbgrader_course, submission_files
-from . import cluster, submissions
+from . import cluster, limits, submissions
 from .advisories import advisories
 from .job import Job
 
 WORK = ".grading"
 CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission
-CARRIED_BYTES = 64 * 2**10  # more is not a timestamp or a secret
-NOTEBOOK_BYTES = exchange.MAX_UPLOAD  # a notebook's limit, as for an upload (nbgrader's own max_file_size)
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,14 @@ class Settings:
     timeout: int  # seconds for a whole submission, kernel start included
     cell_timeout: int
     memory_bytes: int
-    output_chars: int
+    output_bytes: int  # bytes of messages a submission's cells may send in all
     force: bool = False
     sandbox: bool = True  # kernels in bubblewrap; off only for trusted work (--no-sandbox)
     scheduler: str | None = None  # a Dask scheduler's address; None: a local cluster of ``jobs`` workers
     refused: tuple = ()  # Refused uploads, from zip collection: each makes its learner need attention
     zip_collected: tuple[str, ...] = ()  # the chapters whose uploads zip collection judged in this run
-    worker_patience: float = 300  # seconds with no grading worker connected before the batch stops
-    similarity: float = 0.7  # the similarity report's threshold (``similarity``)
+    worker_patience: float = limits.WORKER_PATIENCE_SECONDS  # with no grading worker connected, then it stops
+    similarity: float = limits.SIMILARITY_THRESHOLD  # the similarity report's threshold (``similarity``)
     known_solutions: Path | None = None  # a folder of published answers the report compares with
 
 
@@ -233,8 +231,8 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
         return attention(f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
     course = settings.course
     try:  # read as data, once: what was checked is what is graded, even if the folder changes meanwhile
-        data = submission_files.read_beneath(course / "submitted",
-                                             f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb", NOTEBOOK_BYTES)
+        notebook = f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb"
+        data = submission_files.read_beneath(course / "submitted", notebook, limits.NOTEBOOK_BYTES)
         carried = _carried(course, pair)
     except submission_files.NotData as exc:
         return attention(f"submitted/{exc}: nothing was copied or graded")
@@ -258,7 +256,7 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
     rebuilt = submissions.rebuild(submitted, release)
     job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
-                     settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_chars,
+                     settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_bytes,
                      settings.sandbox)
     outcome = Outcome(pair.student, pair.chapter, "graded", notes=notes + rebuilt.notes,
                       advisories=advisories(rebuilt.learner_code), digest=digest)
@@ -272,7 +270,7 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
     nbgrader collect leaves beside the submission and nbgrader autograde carries along.
     """
     folder = f"{pair.student}/{pair.chapter}"
-    return {name: submission_files.read_beneath(course / "submitted", f"{folder}/{name}", CARRIED_BYTES)
+    return {name: submission_files.read_beneath(course / "submitted", f"{folder}/{name}", limits.CARRIED_BYTES)
             for name in CARRIED if name in pair.extra_files}
 
 

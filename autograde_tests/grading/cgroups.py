@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PROCESSES = 256  # processes and threads of one submission, the kernel's own included
+from . import limits
 
 
 class Unavailable(Exception):
@@ -96,7 +96,7 @@ class Hierarchy:
     def __init__(self, parents: list[Path], version: int):
         self.parents, self.version = parents, version
 
-    def create(self, name: str, memory_bytes: int, processes: int = PROCESSES) -> Cgroup:
+    def create(self, name: str, memory_bytes: int, processes: int = limits.PROCESSES) -> Cgroup:
         folders = [parent / name for parent in self.parents]
         for folder in folders:
             folder.mkdir()
@@ -104,13 +104,13 @@ class Hierarchy:
         if self.version == 2:
             (folder,) = folders
             _write(folder / "memory.max", str(memory_bytes))
-            _write(folder / "memory.swap.max", "0", optional=True)
+            _write(folder / "memory.swap.max", str(limits.SWAP_BYTES), optional=True)
             _write(folder / "pids.max", str(processes))
         else:
             memory, pids = folders
             _write(memory / "memory.limit_in_bytes", str(memory_bytes))
-            # Swap would let the submission hold more than its memory; no swap there means no such file.
-            _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes), optional=True)
+            # Memory and swap together, so swap adds ``limits.SWAP_BYTES``; no swap there means no such file.
+            _write(memory / "memory.memsw.limit_in_bytes", str(memory_bytes + limits.SWAP_BYTES), optional=True)
             _write(pids / "pids.max", str(processes))
         return cgroup
 
@@ -121,7 +121,7 @@ class Hierarchy:
                 if not _alive(int(folder.name.split("-")[1])):
                     Cgroup([folder], self.version).remove()
 
-    def describe(self, memory_bytes: int, processes: int = PROCESSES) -> str:
+    def describe(self, memory_bytes: int, processes: int = limits.PROCESSES) -> str:
         return (f"each submission is bounded as a whole by cgroup v{self.version}: "
                 f"{size(memory_bytes)} of memory and {processes} processes in all")
 

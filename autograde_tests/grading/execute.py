@@ -6,7 +6,8 @@ the kernel a cell of its own that the notebook never shows, and the verdict beco
 from which nbgrader's SaveAutoGrades takes the score. All the requests of one test cell share the cell's
 time limit (the kernel's time: the grader's own work while judging does not count).
 
-Everything the kernel sends is bounded here, in the grader, where the learner cannot lift the bounds:
+Everything the kernel sends is bounded here, in the grader, where the learner cannot lift the bounds
+(each bound is in ``limits``):
 
 - the grader receives from the kernel's relays, never from the kernel (``relay``): a relay passes on no
   message over ``FRAME_BYTES``, whatever its number of frames, and a message too large for the relay's
@@ -14,10 +15,10 @@ Everything the kernel sends is bounded here, in the grader, where the learner ca
   cell's last messages, and the grader starts the kernel's relays again before its next cell;
 - zmq refuses a frame over ``FRAME_BYTES`` before the grader reads it (``MAXMSGSIZE``), and keeps few
   messages waiting (``RCVHWM``);
-- a message's content is parsed only when it fits what the grader would keep of it (``BoundedChannel``);
-- every message of a cell counts against the output cap (``output_chars``), whatever its type; the
-  reply to one of the grader's requests is taken aside instead, only while the grader waits for it, one
-  per request, up to ``REPLY_BYTES``;
+- a message's content is parsed only when it fits what the grader would keep of it (``channels``);
+- every message of a cell counts against the output cap (``output_bytes``, with ``OUTPUT_OVERHEAD_BYTES``
+  for each output), whatever its type; the reply to one of the grader's requests is taken aside instead,
+  only while the grader waits for it, one per request, up to ``REPLY_BYTES``;
 - the error of an execute reply (what nbgrader adds when no output shows it) counts against the cap too;
 - the kernel's calls on what the grader lent (``remote.lent``) arrive on stdin, as input requests: they are
   read only while a request of the grader's runs, each up to ``REPLY_BYTES``, and each is answered.
@@ -30,26 +31,17 @@ import threading
 import time
 
 import nbformat
-import zmq
-from jupyter_client.asynchronous import AsyncKernelClient
-from jupyter_client.channels import AsyncZMQSocketChannel
 from jupyter_core.utils import run_sync
 from nbclient.exceptions import DeadKernelError
 from nbgrader.preprocessors import Execute
-from traitlets import Bool, Enum, Integer, Type
+from traitlets import Bool, Enum, Integer
 
 from ..nbgrader_course import is_test_cell
 from ..remote import MIME, wire
-from ..remote.agent import REQUEST
-from . import relay
+from . import limits
+from .channels import BoundedClient
 
 AGENT = "autograde_tests.remote.agent"
-REPLY_BYTES = wire.MAX_BYTES * 4 // 3 + 2**20  # a reply's own limit: the longest text the wire reads, and its envelope
-FRAME_BYTES = REPLY_BYTES + 2**20  # the largest message (and frame) the grader receives
-HEADER_BYTES = 64 * 2**10  # a message's header, parent header or metadata, each
-SHELL_BYTES = 2**20  # an execute reply's content
-OUTPUT_BYTES = 256  # what a notebook and its feedback page add around each output they keep (its type, HTML)
-NAME_CHARS = 200  # an exception's name, as the grader keeps it
 CONTROL = ("status", "execute_input")  # what tells nbclient where a cell stands; nothing of them is kept
 # Outputs nbclient builds from what the kernel wrote: content it cannot read is the kernel's, dropped.
 MALFORMED = (KeyError, TypeError, ValueError, AttributeError, nbformat.ValidationError)
@@ -68,104 +60,16 @@ class KernelSilent(Exception):
     """The kernel gave no answer to a request (it timed out, or the learner replaced the agent)."""
 
 
-class BoundedChannel(AsyncZMQSocketChannel):
-    """A channel that parses a message's content only when it is at most ``limit()`` bytes.
-
-    Every message it returns carries ``bytes``, the size of its content and buffers as they arrived; a
-    larger one comes back ``oversized``; one that cannot be read (headers over ``HEADER_BYTES``, not
-    JSON, a bad signature) comes back as an ``unreadable`` message of no cell's, which nbclient ignores.
-    """
-
-    limit = staticmethod(lambda: HEADER_BYTES)
-
-    async def _recv(self, **kwargs) -> dict:
-        frames = await self.socket.recv_multipart(**kwargs)
-        try:
-            _, parts = self.session.feed_identities(frames)
-            size = sum(len(part) for part in parts[4:])
-            if len(parts) < 5 or any(len(part) > HEADER_BYTES for part in parts[1:4]):
-                return _unreadable(size)
-            readable = size <= self.limit()
-            message = self.session.deserialize(parts, content=readable)
-            if not (isinstance(message["parent_header"], dict) and isinstance(message["msg_type"], str)
-                    and (not readable or isinstance(message["content"], dict))):
-                return _unreadable(size)
-        except Exception:  # whatever the kernel sent, it is not a message the grader reads
-            return _unreadable(sum(len(frame) for frame in frames))
-        message["bytes"] = size
-        return message if readable else self.oversized(message)
-
-    def oversized(self, message: dict) -> dict:
-        return message | {"content": {}, "buffers": [], "oversized": True}
-
-
-class BoundedShellChannel(BoundedChannel):
-    """The shell channel: an execute reply over ``SHELL_BYTES`` becomes an error that says so.
-
-    An execute request carries in its metadata the grader's request that ``carry()`` hands over, if any
-    (see ``agent.serve``), and then runs silent: the kernel echoes no code and runs none of the learner's
-    post-execute hooks (``%matplotlib inline`` flushes figures in one) around each of the grader's requests.
-    """
-
-    limit = staticmethod(lambda: SHELL_BYTES)
-    carry = staticmethod(lambda: None)
-
-    def send(self, msg: dict) -> None:
-        request = self.carry() if msg["msg_type"] == "execute_request" else None
-        if request is not None:  # stdin: the learner's code calls what the grader lent it (``lent``)
-            msg["metadata"][REQUEST] = request
-            msg["content"] |= {"silent": True, "allow_stdin": True}
-        super().send(msg)
-
-    def oversized(self, message: dict) -> dict:
-        error = {"status": "error", "ename": "ReplyTooLarge", "traceback": [],
-                 "evalue": f"the kernel's reply was {message['bytes']} bytes, over the grader's {SHELL_BYTES}"}
-        return message | {"content": error, "buffers": []}
-
-
-class BoundedStdinChannel(BoundedChannel):
-    """The stdin channel, on which the kernel calls what the grader lent (one call's text, as a reply's)."""
-
-    limit = staticmethod(lambda: REPLY_BYTES)
-
-
-class BoundedClient(AsyncKernelClient):
-    """The grader's client of a graded kernel: bounded channels on sockets zmq bounds, and only those the
-    grader reads (a socket nobody reads, control, the kernel could fill at will)."""
-
-    shell_channel_class = Type(BoundedShellChannel)
-    iopub_channel_class = Type(BoundedChannel)
-    stdin_channel_class = Type(BoundedStdinChannel)
-
-    def _context_default(self):
-        return relay.bounded(super()._context_default(), FRAME_BYTES)
-
-    def start_channels(self, shell=True, iopub=True, stdin=True, hb=True, control=True) -> None:
-        # nbclient asks the kernel manager, not the heartbeat, whether the kernel lives.
-        super().start_channels(shell=shell, iopub=iopub, stdin=stdin, hb=False, control=False)
-        self.monitors = [channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-                         for channel in (self.shell_channel, self.iopub_channel, self.stdin_channel)]
-
-    def stop_channels(self) -> None:
-        super().stop_channels()
-        for monitor in getattr(self, "monitors", []):
-            monitor.close(linger=0)
-        self.monitors = []
-
-    def lost(self) -> bool:
-        """Whether a connection to the kernel's relays was cut (a relay ended: see ``relay``)."""
-        return any(monitor.get(zmq.EVENTS) & zmq.POLLIN for monitor in self.monitors)
-
-
 class GraderExecute(Execute):
-    output_chars = Integer(1_000_000, help="bytes of messages the learner's cells may send in all").tag(config=True)
+    output_bytes = Integer(limits.OUTPUT_BYTES,
+                           help="bytes of messages the learner's cells may send in all").tag(config=True)
     # A graded kernel is thrown away: killed at once, it does not make every submission wait for its farewell.
     shutdown_kernel = Enum(["graceful", "immediate"], default_value="immediate").tag(config=True)
     # A cell whose last messages never came (lost in a flood, or with a connection zmq cut) ends there,
     # without them, instead of failing the whole notebook; they get long enough to come from a kernel
     # on a busy machine (a request's reply is one of them).
     raise_on_iopub_timeout = Bool(False).tag(config=True)
-    iopub_timeout = Integer(10).tag(config=True)
+    iopub_timeout = Integer(limits.IOPUB_SECONDS).tag(config=True)
     # A kernel the worker started ahead, used for this notebook. A class attribute, set on a subclass:
     # nbgrader deep-copies its configuration, and a running kernel cannot be copied.
     started = None
@@ -294,7 +198,7 @@ class GraderExecute(Execute):
 
     def _iopub_limit(self) -> int:
         """The largest content worth parsing now: a reply while one is awaited, else what the cap has left."""
-        return REPLY_BYTES if self.awaiting else max(self.output_chars - self.printed, HEADER_BYTES)
+        return limits.REPLY_BYTES if self.awaiting else max(self.output_bytes - self.printed, limits.HEADER_BYTES)
 
     def process_message(self, msg, cell, cell_index):
         """A message of a cell: the awaited reply is taken aside; any other counts against the cap before
@@ -305,7 +209,7 @@ class GraderExecute(Execute):
             return None
         if msg["msg_type"] in CONTROL and not msg.get("oversized"):
             return super().process_message(_control(msg), cell, cell_index)
-        kept = self._spend(msg["bytes"] + OUTPUT_BYTES, cell.outputs)
+        kept = self._spend(msg["bytes"] + limits.OUTPUT_OVERHEAD_BYTES, cell.outputs)
         # comm messages are counted, then dropped: they carry widgets' state, which grading never shows
         if not kept or msg.get("oversized") or msg["msg_type"].startswith("comm"):
             return None
@@ -323,12 +227,12 @@ class GraderExecute(Execute):
 
     def _spend(self, size: int, outputs: list) -> bool:
         """Whether ``size`` more bytes fit in the cap (then they are counted); the first that do not, say so."""
-        if self.printed + size <= self.output_chars:
+        if self.printed + size <= self.output_bytes:
             self.printed += size
             return True
-        if self.printed < self.output_chars:
+        if self.printed < self.output_bytes:
             outputs.append(nbformat.v4.new_output("stream", name="stdout", text=TRUNCATED))
-            self.printed = self.output_chars
+            self.printed = self.output_bytes
         return False
 
     def on_cell_executed(self, **kwargs):
@@ -337,16 +241,11 @@ class GraderExecute(Execute):
         cell, reply = kwargs["cell"], kwargs["execute_reply"]["content"]
         if reply.get("status") != "error":
             return
-        error, size = _bounded_error(reply, self.output_chars - self.printed)
+        error, size = _bounded_error(reply, self.output_bytes - self.printed)
         shown = len(cell.outputs)
         super().on_cell_executed(**kwargs | {"execute_reply": {"content": error}})
         if len(cell.outputs) > shown:
-            self.printed += size + OUTPUT_BYTES
-
-
-def _unreadable(size: int) -> dict:
-    return {"header": {}, "msg_id": "", "msg_type": "unreadable", "parent_header": {}, "metadata": {},
-            "content": {}, "buffers": [], "bytes": size}
+            self.printed += size + limits.OUTPUT_OVERHEAD_BYTES
 
 
 def _control(msg: dict) -> dict:
@@ -376,7 +275,7 @@ def _without_display_id(msg: dict) -> dict:
 
 def _bounded_error(reply: dict, room: int) -> tuple[dict, int]:
     """An execute reply's error as text only, cut to ``room`` characters (and a mark); its size."""
-    ename = _text(reply.get("ename"))[:NAME_CHARS]
+    ename = _text(reply.get("ename"))[:limits.NAME_CHARS]
     evalue = _text(reply.get("evalue"))[:max(room, 0)]
     traceback, used = [], len(evalue)
     lines = reply.get("traceback") if isinstance(reply.get("traceback"), list) else []

@@ -16,7 +16,7 @@ class Job:
     timeout: int  # seconds for the whole submission
     cell_timeout: int
     memory_bytes: int
-    output_chars: int
+    output_bytes: int  # bytes of messages its cells may send in all (``limits.OUTPUT_BYTES``)
     sandbox: bool
     # Whether the worker starts the chapter's next kernel now: not for a chapter's last submissions, after
     # which it would wait for nothing (each kernel costs about 2 s of a core to start).

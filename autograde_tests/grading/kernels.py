@@ -34,12 +34,10 @@ from traitlets import default
 
 import autograde_tests
 
-from . import cgroups, relay
-from .execute import FRAME_BYTES
+from . import cgroups, limits, relay
 from .sandbox_kernel import sandbox_info, sockets
 
 PR_SET_CHILD_SUBREAPER = 36
-START_SECONDS = 120  # for a kernel to start and answer the probe (it imports torch)
 AGENT = "autograde_tests.remote.agent"
 
 
@@ -55,7 +53,7 @@ class RelayedKernelManager(AsyncKernelManager):
 
     @default("context")
     def _context_default(self):
-        return relay.bounded(super()._context_default(), FRAME_BYTES)
+        return relay.bounded(super()._context_default(), limits.FRAME_BYTES)
 
     @property
     def relay_prefix(self) -> str:
@@ -70,12 +68,12 @@ class RelayedKernelManager(AsyncKernelManager):
     def blocking_client(self):
         client = super().blocking_client()
         client.ip = self.relay_prefix
-        relay.bounded(client.context, FRAME_BYTES)
+        relay.bounded(client.context, limits.FRAME_BYTES)
         return client
 
     def start_relays(self) -> None:
         ports = {channel: getattr(self, f"{channel}_port") for channel in relay.CHANNELS}
-        self.relays = relay.Relays(self.ip, self.relay_prefix, ports, FRAME_BYTES)
+        self.relays = relay.Relays(self.ip, self.relay_prefix, ports, limits.FRAME_BYTES)
         self.relays_listening = self.relays.renew()  # the probe refuses a kernel whose relays did not start
 
 
@@ -221,8 +219,8 @@ def probe(kernel: AsyncKernelManager) -> None:
 
 def _ask(kernel: AsyncKernelManager, client, kind: str, asked: str) -> dict:
     """The kernel's ``kind`` reply to the request ``asked``; ``KernelFault`` if its process ends or
-    ``START_SECONDS`` pass first."""
-    deadline = time.monotonic() + START_SECONDS
+    ``limits.KERNEL_START_SECONDS`` pass first."""
+    deadline = time.monotonic() + limits.KERNEL_START_SECONDS
     while time.monotonic() < deadline:
         if kernel.provisioner.process.poll() is not None:
             raise KernelFault(_not_started(kernel))
@@ -240,7 +238,7 @@ def _not_started(kernel: AsyncKernelManager) -> str:
     status = process.poll() if process is not None else None
     if status is not None:
         return f"the sandboxed kernel did not start (its launcher exited with status {status})"
-    return f"the sandboxed kernel did not answer within {START_SECONDS} s"
+    return f"the sandboxed kernel did not answer within {limits.KERNEL_START_SECONDS} s"
 
 
 def kill(kernel: AsyncKernelManager) -> cgroups.Usage | None:

@@ -11,7 +11,7 @@ A relay's own memory is capped by ``RLIMIT_AS``: a message too large for it fail
 and the relay ends, never the grader. A relay also ends when it counts a message over the limit, when
 zmq cuts its connection to the kernel (a frame over ``MAXMSGSIZE``) or the kernel goes, and when the
 grader does (its stdin closes). Either way the grader sees its own connection to that relay cut, as it
-saw zmq cut one before (``execute.BoundedClient.lost``): the cell loses its last messages, and the
+saw zmq cut one before (``channels.BoundedClient.lost``): the cell loses its last messages, and the
 grader starts the kernel's relays again before the next cell (``Relays.renew``).
 
 Why a process capped by ``RLIMIT_AS`` and not a cgroup: it bounds the relay wherever the grader runs,
@@ -35,18 +35,17 @@ from pathlib import Path
 
 import zmq
 
+from . import limits
+
 CHANNELS = ("shell", "iopub", "control", "stdin")
-WAITING = 8  # whole messages zmq keeps waiting on each socket the grader reads (it never counts frames)
-BASE_BYTES = 64 * 2**20  # a relay's address space before any message: Python, zmq and their threads
-HELD = 3  # messages a relay may hold at once: one passing on, one waiting, one arriving
 RETRY_MS = 10  # how soon a relay tries again to pass on a message the grader's side could not take yet
 
 
 def bounded(context: zmq.Context, frame_bytes: int) -> zmq.Context:
     """``context``, whose sockets (made from now on) zmq bounds: frames of at most ``frame_bytes``
-    (a larger one cuts the connection, unread) and ``WAITING`` messages."""
+    (a larger one cuts the connection, unread) and ``limits.WAITING_MESSAGES`` messages."""
     context.setsockopt(zmq.MAXMSGSIZE, frame_bytes)
-    context.setsockopt(zmq.RCVHWM, WAITING)
+    context.setsockopt(zmq.RCVHWM, limits.WAITING_MESSAGES)
     return context
 
 
@@ -154,7 +153,7 @@ def main() -> None:
     parser.add_argument("--message-bytes", type=int, required=True)
     parser.add_argument("--identity", required=True, help="this kernel's relays' identity on its sockets")
     args = parser.parse_args()
-    cap = BASE_BYTES + HELD * args.message_bytes
+    cap = limits.RELAY_BASE_BYTES + limits.RELAY_HELD_MESSAGES * args.message_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # zmq aborts when an allocation fails: no core dump
     relay(args.channel, args.kernel, args.grader, args.message_bytes, args.identity)

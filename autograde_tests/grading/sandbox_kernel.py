@@ -33,13 +33,9 @@ import sys
 from pathlib import Path
 
 import autograde_tests
-from autograde_tests.grading import bubblewrap, cgroups
+from autograde_tests.grading import bubblewrap, cgroups, limits
 from autograde_tests.grading.kernel_view import hiding_arguments
 
-FILE_BYTES = 64 * 2**20  # the largest file the kernel may write (caches included)
-TMP_BYTES = 256 * 2**20  # the kernel's private writable space
-SHM_BYTES = 64 * 2**20  # its /dev/shm
-SOCKETS_BYTES = 2**20  # the folder of its sockets (which take no space; anything else written there does)
 NOBODY = 65534
 PR_SET_PDEATHSIG = 1
 
@@ -68,15 +64,16 @@ def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
         "--uid", str(NOBODY), "--gid", str(NOBODY),
         "--ro-bind", "/usr", "/usr",
         "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-        "--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-        "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
+        "--proc", "/proc", "--dev", "/dev", "--size", str(limits.SHM_BYTES), "--tmpfs", "/dev/shm",
+        "--size", str(limits.TMP_BYTES), "--tmpfs", "/tmp",
     ]
     for prefix in prefixes:
         arguments += ["--ro-bind", prefix, prefix]
     arguments += ["--ro-bind", str(package), str(package)]
     arguments += hiding_arguments(chapter)  # of the package, only what the kernel needs (``kernel_view``)
     arguments += ["--ro-bind", str(connection_file(exchange)), str(connection_file(exchange)),
-                  "--size", str(SOCKETS_BYTES), "--tmpfs", str(sockets(exchange)), "--chdir", "/tmp", "--clearenv"]
+                  "--size", str(limits.SOCKETS_BYTES), "--tmpfs", str(sockets(exchange)),
+                  "--chdir", "/tmp", "--clearenv"]
     for key, value in _environment("/tmp").items():
         arguments += ["--setenv", key, value]
     return arguments
@@ -120,7 +117,7 @@ def main() -> None:
     cgroups.join(args.cgroup, os.getpid())
     if not args.cgroup:
         resource.setrlimit(resource.RLIMIT_AS, (args.memory_bytes, args.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.FILE_BYTES, limits.FILE_BYTES))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     # torch and the agent load as the kernel starts, ahead of the submission it will grade; nothing is
     # bound in the learner's namespace.

@@ -10,7 +10,9 @@ k-gram of tokens that survives the winnowing is a fingerprint (hashed the same w
 ``Fingerprint``). Two answers' similarity is the larger share of either one's fingerprints
 that the other holds too: 1.0 when one answer holds all of the other. The known answers are the course's
 own (the instructor notebook, whose solutions are the reference's bodies) and every notebook or Python file
-in a folder the instructor names (``--known-solutions``: earlier years', or answers found online).
+in a folder the instructor names (``--known-solutions``: earlier years', or answers found online). A pair is
+listed from a threshold (``--similarity``; ``limits.SIMILARITY_THRESHOLD`` by default) between what copies
+score (0.88 and up) and what answers written independently score (0.42 and below), as the guide measures them.
 """
 
 import ast
@@ -28,20 +30,15 @@ from copydetect import CodeFingerprint, compare_files
 from copydetect.utils import filter_code, get_token_coverage, highlight_overlap, winnow
 
 from .. import nbgrader_course, submission_files
-from . import submissions
+from . import limits, submissions
 
 NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
-THRESHOLD = 0.7  # the default, between copies (0.88 and up) and independent answers (0.39 and below): see the guide
 # Exercises whose honest answers are alike by nature, as measured on independent answers: there a similar pair
 # tells little, and the page says so.
 FEW_WAYS = {
     "CrossAttention": "most honest answers are one call of the imported MultiHeadAttention",
     "padding_mask": "most honest answers compare torch.arange with the lengths, in a line or two",
 }
-ANSWER_CHARS = 20_000  # an answer longer than this is compared by its beginning
-NOTEBOOK_BYTES = 20 * 2**20
-STATEMENTS = 200  # the longest block an answer is put in canonical form with (a long answer has some 30)
-SHOWN = 100  # pairs a chapter's page shows side by side, most similar first; its table lists every pair
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ def written(cell: str, released: str) -> str:
     # Each run of written lines (a method's body, say) is dedented on its own, so that together they parse.
     runs = [textwrap.dedent("\n".join(theirs[j1:j2])).strip("\n") for tag, _, _, j1, j2 in blocks
             if tag in ("insert", "replace")]
-    return "\n".join(r for r in runs if r)[:ANSWER_CHARS].replace("\0", "")
+    return "\n".join(r for r in runs if r)[:limits.ANSWER_CHARS].replace("\0", "")
 
 
 def answer_cells(notebook: nbformat.NotebookNode, release: nbformat.NotebookNode) -> dict[str, str]:
@@ -86,7 +83,8 @@ def classmates(course: Path, chapter: str, release: nbformat.NotebookNode) -> di
     submitted = course / "submitted"
     for student in sorted(p.name for p in submitted.iterdir()) if submitted.is_dir() else []:
         try:
-            data = submission_files.read_beneath(submitted, f"{student}/{chapter}/{chapter}.ipynb", NOTEBOOK_BYTES)
+            data = submission_files.read_beneath(submitted, f"{student}/{chapter}/{chapter}.ipynb",
+                                                 limits.SIMILARITY_NOTEBOOK_BYTES)
             found[student] = answer_cells(submissions.read(data), release)
         except (submission_files.NotData, OSError, submissions.Unreadable):
             continue
@@ -136,7 +134,7 @@ def _module_answers(source: str, owners: dict[str, list[str]]) -> dict[str, str]
             except StopIteration:
                 continue
             bodies.append(textwrap.dedent("\n".join(source.splitlines()[node.body[0].lineno - 1: node.end_lineno])))
-        answers[grade_id] = "\n".join(bodies)[:ANSWER_CHARS].replace("\0", "")
+        answers[grade_id] = "\n".join(bodies)[:limits.ANSWER_CHARS].replace("\0", "")
     return answers
 
 
@@ -175,12 +173,12 @@ def canonical(code: str) -> str:
     """The answer as it is compared, written one way whatever the usual disguises did: comments and layout
     redone (``ast.unparse``), a helper called once put back where it is called, a variable read once
     replaced by its value, and neighbouring statements that do not depend on each other in a fixed order.
-    Code that does not parse, or has blocks of more than ``STATEMENTS`` statements (the steps take time
-    that grows with the square of a block's length), is compared as it is."""
+    Code that does not parse, or has blocks of more than ``limits.CANONICAL_STATEMENTS`` statements (the steps
+    take time that grows with the square of a block's length), is compared as it is."""
     try:
         tree = ast.parse(code)
         blocks = [n for n in ast.walk(tree) if isinstance(getattr(n, "body", None), list)]
-        if any(len(n.body) > STATEMENTS for n in blocks):
+        if any(len(n.body) > limits.CANONICAL_STATEMENTS for n in blocks):
             return code
         for node in blocks:
             node.body = _in_order(_variables_inlined(_helpers_inlined(node.body)))
@@ -319,7 +317,7 @@ PAGE_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{borde
 
 
 def _link(n: int, exercise: str) -> str:
-    return f'<a href="#pair-{n}">{html.escape(exercise)}</a>' if n < SHOWN else html.escape(exercise)
+    return f'<a href="#pair-{n}">{html.escape(exercise)}</a>' if n < limits.SHOWN_PAIRS else html.escape(exercise)
 
 
 def _side(compared: str, answer: Answer) -> str:
@@ -341,9 +339,9 @@ def _page(chapter: str, pairs: list[Pair], threshold: float) -> str:
     shown = "".join(f'<section id="pair-{n}"><h2>{e(p.exercise)}: {e(p.learner.author)} and {e(p.other.author)}, '
                     f'{p.score:.2f}</h2>{_few_ways(p.exercise)}<div class="pair">{_side(ours, p.learner)}'
                     f'{_side(theirs, p.other)}</div></section>'
-                    for n, p in enumerate(pairs[:SHOWN]) for ours, theirs in [_shown(*p.prints)])
-    if len(pairs) > SHOWN:
-        shown += f"<p>The {len(pairs) - SHOWN} less similar pairs are in the table only.</p>"
+                    for n, p in enumerate(pairs[:limits.SHOWN_PAIRS]) for ours, theirs in [_shown(*p.prints)])
+    if len(pairs) > limits.SHOWN_PAIRS:
+        shown += f"<p>The {len(pairs) - limits.SHOWN_PAIRS} less similar pairs are in the table only.</p>"
     table = (f"<table><tr><th>exercise</th><th>learner</th><th>similar to</th><th>similarity</th></tr>{rows}</table>"
              if pairs else "<p>No pair reaches the threshold.</p>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Similar answers: {e(chapter)}</title>'

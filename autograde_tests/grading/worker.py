@@ -46,14 +46,11 @@ import nbformat
 import psutil
 
 from .. import nbgrader_course
-from . import cgroups
+from . import cgroups, limits
 from .job import Job
 from .kernels import KernelFault, WarmKernels, kill, terminate
 
-
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters (malloc.h)
-MMAP_BYTES = 256 * 2**10  # a buffer at least this large is mapped on its own (glibc's default starts at 128 KiB)
-TRIM_BYTES = 2**20  # free memory at the heap's top beyond this is given back
 
 
 class _Worker:
@@ -165,7 +162,7 @@ def _autograde(course: Path, job: Job, kernel) -> dict:
     preprocessors = Autograde.class_traits()["autograde_preprocessors"].default()
     config.Autograde.autograde_preprocessors = [executor if p is Execute else p for p in preprocessors]
     config.GraderExecute.timeout = job.cell_timeout
-    config.GraderExecute.output_chars = job.output_chars
+    config.GraderExecute.output_bytes = job.output_bytes
     api = nbgrader_course.api(course, config)
     outcome = api.autograde(job.chapter, job.student, force=True, create=True)
     if not outcome["success"]:
@@ -207,7 +204,7 @@ def _quiet_profiler() -> None:
 
 
 def _give_large_buffers_back() -> None:
-    """Make glibc's malloc map every buffer over ``MMAP_BYTES`` on its own, and unmap it when it is freed.
+    """Make glibc's malloc map every buffer over ``limits.MMAP_BYTES`` on its own, and unmap it when it is freed.
 
     By default glibc raises that threshold to the largest buffer freed so far, so after a flood of large
     messages the next ones are cut from the heap, which they leave fragmented: grading five flooding
@@ -215,8 +212,8 @@ def _give_large_buffers_back() -> None:
     """
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # glibc's; another C library keeps its own ways
     if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, MMAP_BYTES)
-        mallopt(M_TRIM_THRESHOLD, TRIM_BYTES)
+        mallopt(M_MMAP_THRESHOLD, limits.MMAP_BYTES)
+        mallopt(M_TRIM_THRESHOLD, limits.TRIM_BYTES)
 
 
 def _forget_gradebooks() -> None:
