@@ -10,8 +10,9 @@ nbgrader collects in two ways, and the course's ``nbgrader_config.py`` (and the 
 * ``nbgrader zip_collect`` unpacks an LMS download. nbgrader's extractor refuses (and fails the whole
   class on) an entry with ``../`` or a gzipped notebook, and its file-name collector takes any student id,
   ``..`` included. ``SafeExtractor`` and ``SafeNameCollector`` judge each upload on its own: a bad,
-  unsafe or unknown one is left out and recorded, with its learner and the reason, in
-  ``downloaded/<chapter>/refused.json``, which ``make grade --zip-collect`` reports as needs attention.
+  unsafe or unknown one is left out and recorded, with its learner (or, where its name names none safely,
+  a label standing for the upload) and the reason, in ``downloaded/<chapter>/refused.json``, which
+  ``make grade --zip-collect`` reports as needs attention.
 """
 
 import gzip
@@ -29,7 +30,6 @@ from nbgrader.utils import parse_utc
 from .submission_files import NotData, Rules, copy_tree, kind, read_beneath, student_id_problem, write_new
 
 REFUSED = "refused.json"
-UPLOAD_LABEL = "(upload "  # how the label of an upload that names no learner starts
 MAX_UPLOAD = 100 * 2**20  # bytes one unpacked notebook may hold (nbgrader's default max_file_size)
 
 
@@ -78,20 +78,23 @@ class Refusals:
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
 
-    def add(self, student: str, upload: str, reason: str) -> None:
+    def add(self, learner: str | None, upload: str, reason: str) -> None:
+        """Record ``upload`` as refused for ``learner``, or (None) for no learner: a label then stands for one."""
+        student = learner if learner is not None else upload_label(upload)
         self.log.warning("Refused %s (%s): %s", upload, student, reason)
         records = read_refusals(self.path)
-        records.append({"student": student, "upload": upload, "reason": reason})
+        records.append({"student": student, "labelled": learner is None, "upload": upload, "reason": reason})
         self.path.write_text(json.dumps(records, indent=1))
 
 
 def upload_label(upload: str) -> str:
     """What stands for the learner of an upload whose name names none safely (a label; never a folder)."""
-    return f"{UPLOAD_LABEL}{upload})"
+    return f"(upload {upload})"
 
 
 def read_refusals(path: Path) -> list[dict]:
-    """The records of a ``refused.json``: ``[{"student", "upload", "reason"}, ...]`` ([] when there is none)."""
+    """The records of a ``refused.json``: ``[{"student", "labelled", "upload", "reason"}, ...]`` ([] when there
+    is none); ``labelled``: ``student`` is a label for the upload, which names no learner safely."""
     return json.loads(path.read_text()) if path.is_file() else []
 
 
@@ -121,16 +124,16 @@ class SafeNameCollector(FileNameCollectorPlugin):
         if why is None and student in self.uploads:
             why = f"more than one upload for {student} ({self.uploads[student]}, {upload}): which one counts?"
         if why:
-            refusals.add(student if student_id_problem(student) is None else upload_label(upload), upload, why)
+            refusals.add(student if student_id_problem(student) is None else None, upload, why)
             return None
         self.uploads[student] = upload
         return info
 
-    def learner(self, upload: str) -> str:
-        """The learner an upload's name names, when it names one safely; else a label for the upload."""
+    def learner(self, upload: str) -> str | None:
+        """The learner an upload's name names, when it names one safely; else None."""
         info = self._match("/" + PurePosixPath(upload.removesuffix(".gz")).name) if self.named_regexp else None
         student = (info or {}).get("student_id")
-        return student if student is not None and student_id_problem(student) is None else upload_label(upload)
+        return student if student is not None and student_id_problem(student) is None else None
 
     def _expected(self) -> str:
         return f"<student id>_{self.parent.coursedir.assignment_id}.ipynb"
@@ -172,7 +175,7 @@ class SafeExtractor(ExtractorPlugin):
             else:
                 self._place(str(relative), data, extracted / relative, refusals)
 
-    def _learner(self, upload: str) -> str:
+    def _learner(self, upload: str) -> str | None:
         return self.parent.collector_plugin_inst.learner(upload)
 
     def _unzip(self, upload: Path, name: str, into: Path, refusals: Refusals) -> None:

@@ -2,10 +2,10 @@
 learners write them, each with the outcome it must get.
 
 Chapter 01_attention is worth 6 points: test_softmax 2, test_scaled_dot_product_attention 4.
-An expected outcome is a score (int) or the start of a needs-attention reason (str). Every chapter-1 attack
-is made with wrong answers (worth 0 on their own), so any point it earns is a point stolen. Sources may
-name ``{COURSE}`` (the course folder) and ``{GRADER_PORT}`` (a port on the grader's loopback that serves
-correct answers): what a learner who knew the grader's machine would aim at.
+An expected outcome is a score (int) or the cause a submission needs attention for (``Cause``). Every
+chapter-1 attack is made with wrong answers (worth 0 on their own), so any point it earns is a point stolen.
+Sources may name ``{COURSE}`` (the course folder) and ``{GRADER_PORT}`` (a port on the grader's loopback that
+serves correct answers): what a learner who knew the grader's machine would aim at.
 
 ``LATER`` holds the attacks whose gain differs by chapter, on chapters 5, 6 and 7: each is that chapter's
 solved notebook with one exercise taken another way, so its score is the chapter's total less exactly
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import nbformat
+
+from autograde_tests.grading.outcome import Cause
 
 from .test_07_attention_at_scale_checks import (online_softmax_by_next_until_exhausted,
                                                 online_softmax_first_chunk_then_the_rest)
@@ -152,7 +154,7 @@ def _kernelspec(release):
 class Case:
     student: str
     make: Callable  # chapter 1's release (a later chapter's solved notebook) -> notebook, or bytes for the file
-    expected: int | str
+    expected: int | Cause
     extra_files: tuple[str, ...] = ()
     file_name: str = ""  # the chapter's own notebook name when empty
     chapter: str = CHAPTER
@@ -241,10 +243,10 @@ HOSTILE = [
         "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 31337; echo > {COURSE}/gradebook.db'], "
         "start_new_session=True)"), 0),
     # crashes and exits
-    Case("segfault_through_ctypes", with_extra_cell("import ctypes\nctypes.string_at(0)"), "the kernel died"),
-    Case("exits_the_kernel", with_extra_cell("import os\nos._exit(0)"), "the kernel died"),
+    Case("segfault_through_ctypes", with_extra_cell("import ctypes\nctypes.string_at(0)"), Cause.KERNEL_DIED),
+    Case("exits_the_kernel", with_extra_cell("import os\nos._exit(0)"), Cause.KERNEL_DIED),
     Case("exits_while_being_judged", lambda r: solved(
-        r, "def softmax(x, dim=-1):\n    import os\n    os._exit(3)"), "the kernel died"),
+        r, "def softmax(x, dim=-1):\n    import os\n    os._exit(3)"), Cause.KERNEL_DIED),
 ]
 
 HONEST = [
@@ -327,14 +329,14 @@ DAMAGED = [
     # resource abuse
     Case("infinite_loop_in_a_cell", with_extra_cell("while True:\n    pass"), 6),
     # 4 GiB written under a 3 GiB cap: the cgroup's OOM killer ends the kernel
-    Case("huge_allocation", with_extra_cell("big = torch.ones(2**30)"), "memory limit"),
+    Case("huge_allocation", with_extra_cell("big = torch.ones(2**30)"), Cause.OUT_OF_MEMORY),
     # 4 TiB asked for at once: refused as the cell runs (the kernel lives on), graded as its answers earn
     Case("impossible_allocation", with_extra_cell("big = torch.empty(2**40)"), 6),
     Case("output_flood", with_extra_cell("for _ in range(200):\n    print('x' * 100_000)"), 6),
     # malformed files
-    Case("invalid_json", lambda r: b'{"cells": [', "unreadable notebook"),
-    Case("not_a_notebook_at_all", lambda r: json.dumps({"hello": "world"}).encode(), "unreadable notebook"),
-    Case("notebook_under_another_name", solved, "no 01_attention.ipynb", file_name="my_attention.ipynb"),
+    Case("invalid_json", lambda r: b'{"cells": [', Cause.UNREADABLE_NOTEBOOK),
+    Case("not_a_notebook_at_all", lambda r: json.dumps({"hello": "world"}).encode(), Cause.UNREADABLE_NOTEBOOK),
+    Case("notebook_under_another_name", solved, Cause.NO_NOTEBOOK, file_name="my_attention.ipynb"),
 ]
 
 CASES = [CANARY, *HOSTILE, *HONEST, *DAMAGED]
@@ -377,8 +379,7 @@ def and_cell(source: str, make: Callable = lambda notebook: notebook, after: str
 
 
 def links_to_the_instructors(chapter: str) -> Case:
-    return Case(f"links_to_the_instructors_{chapter[:2]}", lambda notebook: notebook,
-                f"submitted/links_to_the_instructors_{chapter[:2]}/{chapter}/{chapter}.ipynb is a symbolic link (to ",
+    return Case(f"links_to_the_instructors_{chapter[:2]}", lambda notebook: notebook, Cause.NOT_DATA,
                 chapter=chapter, link=f"solutions/{chapter}/{chapter}.ipynb")
 
 
@@ -421,7 +422,7 @@ raise MemoryError("can't allocate memory: not enough memory (MemoryError)")
 def resource_cases(chapter: str) -> list[Case]:
     short = chapter[:2]
     return [Case(f"memory_in_eight_children_{short}", and_cell(MEMORY_IN_CHILDREN, after="imports"),
-                 "memory limit exceeded", chapter=chapter, bounded=True),
+                 Cause.OUT_OF_MEMORY, chapter=chapter, bounded=True),
             Case(f"forks_fills_shm_raises_memory_error_{short}", and_cell(FORKS_SHM_SOCKETS_AND_MEMORY_ERROR),
                  POINTS[chapter], chapter=chapter, bounded=True)]
 

@@ -20,6 +20,7 @@ import pytest
 from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import __main__ as grading_main
 from autograde_tests.grading import bubblewrap
+from autograde_tests.grading.outcome import Cause
 
 from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
 from .class_batch import expect_outcome, grade, outcomes, submit
@@ -168,7 +169,9 @@ def test_rerun_grades_only_what_changed(regraded):
 
 def test_a_failed_regrade_keeps_the_earlier_grade(regraded):
     root, run, before = regraded
-    assert "needs attention  correct / 01_attention: unreadable notebook" in run.stdout
+    outcome = outcomes(root)[f"correct/{CHAPTER}"]
+    assert (outcome["status"], outcome["cause"]) == ("needs-attention", Cause.UNREADABLE_NOTEBOOK), outcome
+    assert f"needs attention  correct / {CHAPTER}: {outcome['reason']}" in run.stdout
     with nbgrader_course.gradebook(root) as gradebook:
         assert gradebook.find_submission(CHAPTER, "correct").score == 6
     assert (root / "autograded" / "correct" / CHAPTER / f"{CHAPTER}.ipynb").read_bytes() == before["autograded"]

@@ -14,6 +14,7 @@ import pytest
 
 from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import limits
+from autograde_tests.grading.outcome import Cause
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -87,20 +88,21 @@ def _linked_notebook_of_chapter_7(root: Path) -> None:
     notebook_of(root, "linked_notebook_of_chapter_7", OTHER).symlink_to(instructors(root, OTHER))
 
 
-# student -> chapter, and the start of the reason its submission needs attention
+# student -> chapter, the cause its submission needs attention for, and what its reason names: the file
+# that is not data (the oversized notebook's, and the limit it is over), or the instructor's chapter
 EXPECTED = {
-    "linked_notebook": (CHAPTER, f"submitted/linked_notebook/{CHAPTER}/{CHAPTER}.ipynb is a symbolic link (to "),
-    "linked_student_folder": (CHAPTER, "submitted/linked_student_folder is a symbolic link (to "),
-    "linked_chapter_folder": (CHAPTER, f"submitted/linked_chapter_folder/{CHAPTER} is a symbolic link (to "),
-    "linked_timestamp": (CHAPTER, f"submitted/linked_timestamp/{CHAPTER}/timestamp.txt is a symbolic link (to "),
-    "linked_secret": (CHAPTER, f"submitted/linked_secret/{CHAPTER}/submission_secret.txt is a symbolic link (to "),
-    "linked_deep_inside": (CHAPTER, f"submitted/linked_deep_inside/{CHAPTER}/data/answers.txt is a symbolic link"),
-    "fifo_notebook": (CHAPTER, f"submitted/fifo_notebook/{CHAPTER}/{CHAPTER}.ipynb is a FIFO (named pipe)"),
-    "instructors_notebook_as_a_file": (CHAPTER, "this is the instructor's notebook"),
-    "oversized_notebook": (CHAPTER, f"submitted/oversized_notebook/{CHAPTER}/{CHAPTER}.ipynb is larger than "
-                                    f"{limits.NOTEBOOK_BYTES} bytes"),
-    "linked_notebook_of_chapter_7": (OTHER, f"submitted/linked_notebook_of_chapter_7/{OTHER}/{OTHER}.ipynb "
-                                            "is a symbolic link (to "),
+    "linked_notebook": (CHAPTER, Cause.NOT_DATA, (f"submitted/linked_notebook/{CHAPTER}/{CHAPTER}.ipynb",)),
+    "linked_student_folder": (CHAPTER, Cause.NOT_DATA, ("submitted/linked_student_folder",)),
+    "linked_chapter_folder": (CHAPTER, Cause.NOT_DATA, (f"submitted/linked_chapter_folder/{CHAPTER}",)),
+    "linked_timestamp": (CHAPTER, Cause.NOT_DATA, (f"submitted/linked_timestamp/{CHAPTER}/timestamp.txt",)),
+    "linked_secret": (CHAPTER, Cause.NOT_DATA, (f"submitted/linked_secret/{CHAPTER}/submission_secret.txt",)),
+    "linked_deep_inside": (CHAPTER, Cause.NOT_DATA, (f"submitted/linked_deep_inside/{CHAPTER}/data/answers.txt",)),
+    "fifo_notebook": (CHAPTER, Cause.NOT_DATA, (f"submitted/fifo_notebook/{CHAPTER}/{CHAPTER}.ipynb",)),
+    "instructors_notebook_as_a_file": (CHAPTER, Cause.INSTRUCTORS_NOTEBOOK, (f"solutions/{CHAPTER}",)),
+    "oversized_notebook": (CHAPTER, Cause.NOT_DATA, (f"submitted/oversized_notebook/{CHAPTER}/{CHAPTER}.ipynb",
+                                                     f" {limits.NOTEBOOK_BYTES} bytes")),
+    "linked_notebook_of_chapter_7": (OTHER, Cause.NOT_DATA,
+                                     (f"submitted/linked_notebook_of_chapter_7/{OTHER}/{OTHER}.ipynb",)),
 }
 
 
@@ -129,11 +131,12 @@ def graded(tmp_path_factory):
 @pytest.mark.parametrize("student", EXPECTED)
 def test_a_submission_that_is_not_plain_files_needs_attention_with_the_reason(graded, student):
     _, state, stdout = graded
-    chapter, reason = EXPECTED[student]
+    chapter, cause, named = EXPECTED[student]
     outcome = state[f"{student}/{chapter}"]
-    assert outcome["status"] == "needs-attention" and outcome["reason"].startswith(reason), outcome
+    assert (outcome["status"], outcome["cause"]) == ("needs-attention", cause), outcome
+    assert all(name in outcome["reason"] for name in named), outcome
     assert outcome["score"] is None and not outcome["worker"], outcome  # never sent to a grader
-    assert f"needs attention  {student} / {chapter}: {reason}" in stdout
+    assert f"needs attention  {student} / {chapter}: {outcome['reason']}" in stdout
 
 
 @pytest.mark.parametrize("student", EXPECTED)
@@ -175,11 +178,11 @@ def test_the_canary_keeps_its_exact_full_score_and_its_collected_files(graded):
             assert not path.is_symlink() and path.read_text() == text
 
 
-def test_the_report_lists_each_refused_submission(graded):
-    root, _, _ = graded
+def test_the_report_lists_each_refused_submission_with_its_cause(graded):
+    root, state, _ = graded
     report = (root / "reports" / "class_report.md").read_text()
-    for student, (chapter, reason) in EXPECTED.items():
-        assert f"- {student} / {chapter}: {reason}" in report
+    for student, (chapter, cause, _) in EXPECTED.items():
+        assert f"- {student} / {chapter} ({cause}): {state[f'{student}/{chapter}']['reason']}" in report
 
 
 def test_the_instructors_notebook_is_recognised_but_a_solved_release_is_not(graded):

@@ -9,6 +9,7 @@ import pytest
 
 from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import limits
+from autograde_tests.grading.outcome import Cause
 
 from .adversarial import CHAPTER, DECODER_ONLY, LATER, SHM_NAME
 from .class_batch import MEMORY_GIB, expect_outcome, grade, outcomes, printed, submit, unbounded
@@ -71,7 +72,7 @@ def test_what_a_submission_tried_stayed_within_its_bounds_as_counted_from_outsid
     used = outcomes(graded)[f"{case.student}/{case.chapter}"]["resources"]
     assert used["peak_memory_bytes"] <= MEMORY_GIB * 2**30, used
     assert used["peak_processes"] is None or used["peak_processes"] <= limits.PROCESSES, used
-    if case.expected == "memory limit exceeded":
+    if case.expected == Cause.OUT_OF_MEMORY:
         assert used["oom_kills"] >= 1, used
         return
     assert used["refused_forks"] >= 1 and used["oom_kills"] == 0, used

@@ -163,7 +163,8 @@ def graded(tmp_path_factory):
     for case in CASES:
         scratch_course.submit(root, case.student, CHAPTER, case.make(nbformat.from_dict(release)))
     scratch_course.release(root, LATER)
-    scratch_course.submit(root, "floods", LATER, _with_cell_after_the_first_answer(scratch_course.solved(root, LATER), LATER_FLOOD))
+    floods = _with_cell_after_the_first_answer(scratch_course.solved(root, LATER), LATER_FLOOD)
+    scratch_course.submit(root, "floods", LATER, floods)
     run = subprocess.Popen([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), *LIMITS],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory = PeakMemory(psutil.Process(run.pid))

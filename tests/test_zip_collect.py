@@ -16,7 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograde_tests import nbgrader_course, scratch_course
+from autograde_tests import exchange, nbgrader_course, scratch_course
+from autograde_tests.grading.outcome import Cause
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.sandbox
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.sandbox
 LIMITS = ["--jobs", "1", "--timeout", "300", "--cell-timeout", "60", "--memory", "3", "--output", "200000"]
 CHAPTER = "01_attention"
 
-# learner (or the upload, when its name names no learner safely) -> the start of the reason
+# learner (or a label for the upload, when its name names no learner safely) -> the start of the reason zip
+# collection records for refusing the upload
 REFUSED = {
     "mallory": f"lms_download.zip:../mallory_{CHAPTER}.ipynb has a path that leaves the archive's folder",
     "linker": f"lms_download.zip:linker_{CHAPTER}.ipynb is a symbolic link or a special file, not a plain file",
@@ -33,6 +35,7 @@ REFUSED = {
     "(upload broken.zip)": "broken.zip is not a zip archive",
     "(upload old.tar.gz)": "old.tar.gz is an archive of a kind not unpacked here",
 }
+LEARNERS = ("mallory", "linker")  # the bad uploads whose names name their learner; a label stands for the others
 HONEST = ("zoe", "gus")
 
 
@@ -85,11 +88,23 @@ def test_the_gzipped_notebook_is_unpacked_as_the_chapters_notebook(collected):
 
 
 @pytest.mark.parametrize("student", REFUSED)
+def test_zip_collection_refuses_each_bad_upload_for_its_learner_and_says_why(collected, student):
+    root, _, _, _ = collected
+    refusals = exchange.read_refusals(root / "downloaded" / CHAPTER / exchange.REFUSED)
+    (refusal,) = [r for r in refusals if r["student"] == student]
+    assert refusal["reason"].startswith(REFUSED[student]), refusal
+    assert refusal["labelled"] == (student not in LEARNERS), refusal
+
+
+@pytest.mark.parametrize("student", REFUSED)
 def test_a_bad_upload_makes_its_learner_need_attention(collected, student):
-    _, state, stdout, _ = collected
+    root, state, stdout, _ = collected
+    (refusal,) = [r for r in exchange.read_refusals(root / "downloaded" / CHAPTER / exchange.REFUSED)
+                  if r["student"] == student]
     outcome = state[f"{student}/{CHAPTER}"]
-    assert outcome["status"] == "needs-attention" and outcome["reason"].startswith(REFUSED[student]), outcome
-    assert f"needs attention  {student} / {CHAPTER}: {REFUSED[student]}" in stdout
+    assert (outcome["status"], outcome["cause"]) == ("needs-attention", Cause.REFUSED_UPLOAD), outcome
+    assert (outcome["reason"], outcome["labelled"]) == (refusal["reason"], refusal["labelled"]), outcome
+    assert f"needs attention  {student} / {CHAPTER}: {outcome['reason']}" in stdout
 
 
 def test_nothing_is_written_outside_submitted(collected):

@@ -118,7 +118,7 @@ def _zip_collect(parser, course: Path, chapters: list[str]) -> list[batch.Refuse
                               cwd=course, capture_output=True, text=True)
         if done.returncode:
             parser.error(f"nbgrader zip_collect {chapter} failed: {done.stderr.strip().splitlines()[-1:]}")
-        refused += [batch.Refused(r["student"], chapter, r["reason"])
+        refused += [batch.Refused(r["student"], chapter, r["reason"], r["labelled"])
                     for r in exchange.read_refusals(downloaded / exchange.REFUSED)]
     return refused
 

@@ -18,22 +18,23 @@ A pair whose notebook has not changed since it was graded is skipped. Pairs go o
 that the kernel a worker starts ahead (``kernels``) is for the chapter it grades next.
 """
 
+import dataclasses
 import json
 import os
 import shutil
 import uuid
-import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import nbformat
 from tqdm import tqdm
 
-from .. import exchange, nbgrader_course, submission_files
+from .. import nbgrader_course, submission_files
 from . import cluster, limits, submissions
 from .advisories import advisories
 from .job import Job
+from .outcome import Cause, Outcome
 
 WORK = ".grading"
 CARRIED = ("timestamp.txt", "submission_secret.txt")  # what goes from submitted/ with a graded submission
@@ -58,29 +59,14 @@ class Settings:
     known_solutions: Path | None = None  # a folder of published answers the report compares with
 
 
-@dataclass
-class Outcome:
-    student: str
-    chapter: str
-    status: str  # "graded", "needs-attention" or "unchanged"
-    reason: str = ""
-    score: float | None = None
-    max_score: float | None = None
-    notes: list[str] = field(default_factory=list)  # repairs made to the notebook
-    advisories: list[str] = field(default_factory=list)  # what its code does, for a person to look at
-    messages: list[str] = field(default_factory=list)
-    digest: str = ""
-    worker: str = ""  # which grading worker graded it
-    seconds: float | None = None  # how long its grading took there
-    resources: dict = field(default_factory=dict)  # how it was bounded, what the OS counted (worker.grade)
-
-
 class Refused(NamedTuple):
-    """An upload that zip collection left out: its learner (or a label naming the upload), chapter, reason."""
+    """An upload that zip collection left out: its learner (or, ``labelled``, a label naming the upload),
+    chapter, reason."""
 
     student: str
     chapter: str
     reason: str
+    labelled: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,15 +126,14 @@ def grade_class(settings: Settings) -> list[Outcome]:
     _forget_earlier_refusals(state, settings.zip_collected)
     for pair in find_pairs(course, settings.chapters):
         if (pair.student, pair.chapter) in refused:  # an upload of theirs was refused: a person decides
-            outcomes.append(Outcome(pair.student, pair.chapter, "needs-attention",
-                                    refused.pop((pair.student, pair.chapter))))
+            outcomes.append(refused.pop((pair.student, pair.chapter)))
             continue
         prepared = _prepare(pair, settings, state)
         (outcomes.append(prepared) if isinstance(prepared, Outcome) else tasks.append((pair, *prepared)))
-    outcomes += [Outcome(student, chapter, "needs-attention", reason) for (student, chapter), reason in refused.items()]
+    outcomes += refused.values()
     for outcome in outcomes:  # judged here, before any grading: kept even if the batch stops
         if outcome.status == "needs-attention":
-            state[f"{outcome.student}/{outcome.chapter}"] = asdict(outcome)
+            state[f"{outcome.student}/{outcome.chapter}"] = outcome.record()
     _save_state(work, state)
     if tasks:
         jobs = min(settings.jobs, len(tasks))  # a worker more than there are submissions would only start up
@@ -164,7 +149,7 @@ def grade_class(settings: Settings) -> list[Outcome]:
                         pair, _, outcome, carried = running.pop(future)
                         outcomes.append(_record_result(course, pair, outcome, result, carried))
                         future.release()  # the worker drops the result once merged, whoever still refers to it
-                        state[f"{pair.student}/{pair.chapter}"] = asdict(outcomes[-1])
+                        state[f"{pair.student}/{pair.chapter}"] = outcomes[-1].record()
                         _save_state(work, state)
                         done += 1
                         progress.update()
@@ -196,19 +181,23 @@ def _submitter(client, digest: str | None):
     return submit
 
 
-def _refusals(refused) -> dict[tuple[str, str], str]:
-    """The reasons zip collection refused uploads, per (student, chapter), several joined."""
+def _refusals(refused) -> dict[tuple[str, str], Outcome]:
+    """The outcomes of the uploads zip collection refused, per (student, chapter), several reasons joined."""
     reasons: dict[tuple[str, str], list[str]] = {}
-    for student, chapter, reason in refused:
+    labelled = {}
+    for student, chapter, reason, label in refused:
         reasons.setdefault((student, chapter), []).append(reason)
-    return {key: "; ".join(why) for key, why in reasons.items()}
+        labelled[(student, chapter)] = label
+    return {(student, chapter): Outcome(student, chapter, Cause.REFUSED_UPLOAD, "; ".join(why),
+                                        labelled=labelled[(student, chapter)])
+            for (student, chapter), why in reasons.items()}
 
 
 def _forget_earlier_refusals(state: dict, chapters) -> None:
     """Uploads of a chapter collected again are judged anew: what an earlier collection refused under an
     upload's label goes (a learner's own entry is replaced when they are graded or refused again)."""
     for key, entry in list(state.items()):
-        if entry["chapter"] in chapters and entry["student"].startswith(exchange.UPLOAD_LABEL):
+        if entry["chapter"] in chapters and entry.get("labelled"):
             del state[key]
 
 
@@ -221,44 +210,46 @@ def _save_state(work: Path, state: dict) -> None:
 def _prepare(pair: Pair, settings: Settings, state: dict):
     """An outcome when the pair needs no grading; else (the worker's job, the outcome to complete, the
     files nbgrader collect left beside the notebook, to go with its feedback)."""
-    def attention(reason, **extra):
-        return Outcome(pair.student, pair.chapter, "needs-attention", reason, **extra)
+    def attention(cause, reason, **extra):
+        return Outcome(pair.student, pair.chapter, cause, reason, **extra)
 
     if pair.problem:
-        return attention(pair.problem)
+        return attention(Cause.NOT_DATA, pair.problem)
     if pair.notebook is None:
         found = ", ".join(pair.extra_files) or "nothing"
-        return attention(f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
+        return attention(Cause.NO_NOTEBOOK,
+                         f"no {pair.chapter}.ipynb in submitted/{pair.student}/{pair.chapter} (found: {found})")
     course = settings.course
     try:  # read as data, once: what was checked is what is graded, even if the folder changes meanwhile
         notebook = f"{pair.student}/{pair.chapter}/{pair.chapter}.ipynb"
         data = submission_files.read_beneath(course / "submitted", notebook, limits.NOTEBOOK_BYTES)
         carried = _carried(course, pair)
     except submission_files.NotData as exc:
-        return attention(f"submitted/{exc}: nothing was copied or graded")
+        return attention(Cause.NOT_DATA, f"submitted/{exc}: nothing was copied or graded")
     except OSError as exc:  # it went away or cannot be opened since it was found
-        return attention(f"submitted/{pair.student}/{pair.chapter} could not be read ({exc.strerror}): not graded")
+        return attention(Cause.UNREADABLE_FILE,
+                         f"submitted/{pair.student}/{pair.chapter} could not be read ({exc.strerror}): not graded")
     digest = submissions.digest(data)
     previous = state.get(f"{pair.student}/{pair.chapter}", {})
     if not settings.force and previous.get("digest") == digest and previous.get("status") == "graded":
-        return Outcome(pair.student, pair.chapter, "unchanged", score=previous["score"],
+        return Outcome(pair.student, pair.chapter, Cause.UNCHANGED, score=previous["score"],
                        max_score=previous["max_score"], digest=digest)
     notes = [f"ignored files submitted beside the notebook: {', '.join(pair.extra_files)}"] if pair.extra_files else []
     try:
         submitted = submissions.read(data)
     except submissions.Unreadable as exc:
-        return attention(f"unreadable notebook: {exc}", digest=digest)
+        return attention(Cause.UNREADABLE_NOTEBOOK, f"unreadable notebook: {exc}", digest=digest)
     solution = (course / "solutions" / pair.chapter / f"{pair.chapter}.ipynb").read_text()
     if submissions.is_instructors(submitted, nbformat.reads(solution, as_version=4)):
-        return attention(f"this is the instructor's notebook (it holds solutions/{pair.chapter}'s solution "
-                         "regions or hidden tests): not graded", digest=digest)
+        return attention(Cause.INSTRUCTORS_NOTEBOOK, f"this is the instructor's notebook (it holds solutions/"
+                         f"{pair.chapter}'s solution regions or hidden tests): not graded", digest=digest)
     release = nbformat.read(nbgrader_course.released(course, pair.chapter), as_version=4)
     rebuilt = submissions.rebuild(submitted, release)
     job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
                      settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_bytes,
                      settings.sandbox)
-    outcome = Outcome(pair.student, pair.chapter, "graded", notes=notes + rebuilt.notes,
+    outcome = Outcome(pair.student, pair.chapter, Cause.GRADED, notes=notes + rebuilt.notes,
                       advisories=advisories(rebuilt.learner_code), digest=digest)
     return job, outcome, carried
 
@@ -276,10 +267,10 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
 
 def _record_result(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:
     """Complete ``outcome`` with ``result``; a graded pair's files (and ``carried``) and grades go into the course."""
-    outcome.status, outcome.reason = result["status"], result.get("reason", "")
+    outcome.cause, outcome.reason = Cause(result["cause"]), result.get("reason", "")
     outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
     outcome.resources = result.get("resources", {})
-    if outcome.status != "graded":
+    if outcome.cause != Cause.GRADED:
         return outcome
     staged = {}
     for folder, suffix, text in (("autograded", "ipynb", result["autograded"]), ("feedback", "html", result["feedback"])):

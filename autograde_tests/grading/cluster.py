@@ -24,6 +24,8 @@ from distributed import Client, KilledWorker, LocalCluster, wait
 
 import autograde_tests
 
+from .outcome import Cause, attention
+
 WATCH_SECONDS = 5.0  # while no result comes, how often the coordinator looks for connected workers
 
 
@@ -155,8 +157,8 @@ def _result(client: Client, future) -> dict:
     try:
         return future.result()
     except KilledWorker as exc:
-        return {"status": "needs-attention",
-                "reason": f"grading it killed the grading worker {exc.allowed_failures + 1} times (Dask gave up on it)"}
+        return attention(Cause.KILLED_WORKERS,
+                         f"grading it killed the grading worker {exc.allowed_failures + 1} times (Dask gave up on it)")
     except CancelledError as exc:
         raise Stopped(_cancelled(client, exc)) from None
     except Exception as exc:  # task() words its own; anything else is named by its type

@@ -21,8 +21,8 @@ def export_grades(course: Path) -> Path:
 
 
 def write_report(course: Path, state: dict, sandboxed: bool, similar: list[str] = ()) -> Path:
-    """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes, and
-    ``similar``, the similarity report's section."""
+    """reports/class_report.md with PNG plots: scores per chapter, failure rate per test, top mistakes, what
+    needs attention (each with its cause and reason), and ``similar``, the similarity report's section."""
     folder = course / "reports"
     folder.mkdir(exist_ok=True)
     latest = {f"{o['student']}/{o['chapter']}": o for o in state.values()}
@@ -55,7 +55,8 @@ def write_report(course: Path, state: dict, sandboxed: bool, similar: list[str] 
         lines.append("None.")
     attention = [e for e in latest.values() if e["status"] == "needs-attention"]
     lines += ["", "## Needs attention", ""]
-    lines += [f"- {e['student']} / {e['chapter']}: {e['reason']}" for e in sorted(attention, key=lambda e: (e["chapter"], e["student"]))]
+    lines += [f"- {e['student']} / {e['chapter']}{_cause(e)}: {e['reason']}"
+              for e in sorted(attention, key=lambda e: (e["chapter"], e["student"]))]
     if not attention:
         lines.append("None.")
     noted = [e for e in latest.values() if e.get("notes")]
@@ -89,6 +90,12 @@ def bounds_lines(entries) -> list[str]:
     workers say, and a batch over several machines may have been bounded several ways."""
     return sorted({e["resources"]["bounds"][0].upper() + e["resources"]["bounds"][1:] + "."
                    for e in entries if e.get("resources", {}).get("bounds")})
+
+
+def _cause(entry: dict) -> str:
+    """An outcome's cause as the report shows it, after its pair: `` (timed-out)`` (``outcome.Cause``); nothing
+    for an entry recorded before outcomes had one."""
+    return f" ({entry['cause']})" if entry.get("cause") else ""
 
 
 def _used(entry: dict) -> str:

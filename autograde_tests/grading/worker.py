@@ -11,9 +11,9 @@ counted for the submission (its cgroup's peak memory and processes); the coordin
 course's gradebook and files.
 
 An outcome is decided from what the OS reports, never from what the learner's code prints or raises: a
-process the OOM killer ended in the submission's cgroup makes it "memory limit exceeded", the grader's
-timer "timed out". A kernel the grader could not start or that failed the probe is the grader's fault:
-the submission needs attention and says so; it is never graded 0.
+process the OOM killer ended in the submission's cgroup makes it ``Cause.OUT_OF_MEMORY``, the grader's
+timer ``Cause.TIMED_OUT``. A kernel the grader could not start or that failed the probe is the grader's
+fault (``Cause.GRADER_FAULT``): the submission needs attention and says so; it is never graded 0.
 
 A worker's memory must not grow with the batch. Two things grew with every submission (3 to 4 MiB
 each, measured): Dask's statistical profiler, which samples the grading thread's stack every 10 ms and
@@ -49,6 +49,7 @@ from .. import nbgrader_course
 from . import cgroups, limits
 from .job import Job
 from .kernels import KernelFault, WarmKernels, kill, terminate
+from .outcome import Cause, attention
 
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters (malloc.h)
 
@@ -104,9 +105,10 @@ _worker: _Worker | None = None  # made by the first task a worker process runs
 
 
 def grade(job: Job) -> dict:
-    """Autograde ``job`` with nbgrader: ``{"status": "graded", "scores", "max_scores", "messages",
-    "autograded", "feedback", ...}`` or ``{"status": "needs-attention", "reason"}``; always who, how long
-    and ``resources`` (how the submission was bounded, and what its cgroup counted)."""
+    """Autograde ``job`` with nbgrader: ``{"status": "graded", "cause": Cause.GRADED, "scores", "max_scores",
+    "messages", "autograded", "feedback"}`` or ``{"status": "needs-attention", "cause", "reason"}``
+    (``outcome.attention``); always who, how long and ``resources`` (how the submission was bounded, and
+    what its cgroup counted)."""
     global _worker
     start = time.perf_counter()
     _worker = _worker or _Worker()
@@ -114,9 +116,9 @@ def grade(job: Job) -> dict:
     try:
         kernel = _worker.kernel(job)
     except KernelFault as exc:
-        return {"status": "needs-attention", "reason": f"not graded: the grader's fault, not the submission's: {exc}",
-                "resources": {"bounds": _worker.kernels.bounds}, "worker": _name(),
-                "seconds": round(time.perf_counter() - start, 2)}
+        return (attention(Cause.GRADER_FAULT, f"not graded: the grader's fault, not the submission's: {exc}")
+                | {"resources": {"bounds": _worker.kernels.bounds}, "worker": _name(),
+                   "seconds": round(time.perf_counter() - start, 2)})
     submitted = course / "submitted" / job.student / job.chapter / f"{job.chapter}.ipynb"
     submitted.parent.mkdir(parents=True, exist_ok=True)
     submitted.write_text(job.notebook)
@@ -139,13 +141,13 @@ def grade(job: Job) -> dict:
         gc.collect()
         _worker.graded += 1
     if usage is not None and usage.oom_kills:
-        result = {"status": "needs-attention",
-                  "reason": f"memory limit exceeded: the OS ended {usage.oom_kills} of its processes "
-                            f"at {cgroups.size(job.memory_bytes)} for the whole submission"}
-    elif timed_out and result["status"] != "graded":
-        result = {"status": "needs-attention", "reason": f"timed out after {job.timeout} s (killed)"}
-    elif ended is not None and result["status"] != "graded":
-        result = {"status": "needs-attention", "reason": f"the kernel died ({_how_it_ended(ended)})"}
+        reason = (f"memory limit exceeded: the OS ended {usage.oom_kills} of its processes "
+                  f"at {cgroups.size(job.memory_bytes)} for the whole submission")
+        result = attention(Cause.OUT_OF_MEMORY, reason)
+    elif timed_out and result["cause"] != Cause.GRADED:
+        result = attention(Cause.TIMED_OUT, f"timed out after {job.timeout} s (killed)")
+    elif ended is not None and result["cause"] != Cause.GRADED:
+        result = attention(Cause.KERNEL_DIED, f"the kernel died ({_how_it_ended(ended)})")
     resources = ({"bounds": _worker.kernels.bounds} | (usage.as_dict() if usage else {})
                  | {"worker_memory_bytes": psutil.Process().memory_info().rss, "worker_submissions": _worker.graded})
     return result | {"resources": resources, "worker": _name(), "seconds": round(time.perf_counter() - start, 2)}
@@ -166,7 +168,7 @@ def _autograde(course: Path, job: Job, kernel) -> dict:
     api = nbgrader_course.api(course, config)
     outcome = api.autograde(job.chapter, job.student, force=True, create=True)
     if not outcome["success"]:
-        return {"status": "needs-attention", "reason": _failure_reason(outcome.get("log", "") + outcome.get("error", ""))}
+        return attention(*_failure(outcome.get("log", "") + outcome.get("error", "")))
     autograded = course / "autograded" / job.student / job.chapter / f"{job.chapter}.ipynb"
     notebook = nbformat.read(autograded, as_version=4)
     with nbgrader_course.gradebook(course) as book:
@@ -175,7 +177,7 @@ def _autograde(course: Path, job: Job, kernel) -> dict:
         max_scores = {g.name: g.max_score for g in grades}
     nbgrader_course.run(api.generate_feedback(job.chapter, job.student, force=True))
     feedback = course / "feedback" / job.student / job.chapter / f"{job.chapter}.html"
-    return {"status": "graded", "scores": scores, "max_scores": max_scores,
+    return {"status": Cause.GRADED.status, "cause": Cause.GRADED, "scores": scores, "max_scores": max_scores,
             "messages": nbgrader_course.failure_messages(notebook), "autograded": autograded.read_text(),
             "feedback": feedback.read_text()}
 
@@ -242,11 +244,12 @@ def _how_it_ended(status: int) -> str:
     return f"its process exited with status {status}"
 
 
-def _failure_reason(error: str) -> str:
-    """Why nbgrader could not grade a notebook whose kernel still runs, from nbgrader's own log."""
+def _failure(error: str) -> tuple[Cause, str]:
+    """Why nbgrader could not grade a notebook whose kernel still runs, from nbgrader's own log: its cause
+    and reason."""
     if "CellTimeoutError" in error or "TimeoutError" in error:
-        return "a cell did not finish within the time limit"
+        return Cause.CELL_TIMED_OUT, "a cell did not finish within the time limit"
     if "CellExecutionError" in error:
-        return "a cell could not be executed"
+        return Cause.NOT_EXECUTED, "a cell could not be executed"
     last = [line for line in error.strip().splitlines() if line.strip()]
-    return f"nbgrader could not grade it: {last[-1] if last else 'unknown error'}"
+    return Cause.NBGRADER_FAILED, f"nbgrader could not grade it: {last[-1] if last else 'unknown error'}"
