@@ -19,7 +19,7 @@ import pytest
 
 from autograde_tests import nbgrader_course, scratch_course
 from autograde_tests.grading import __main__ as grading_main
-from autograde_tests.grading import bubblewrap
+from autograde_tests.grading import bubblewrap, sandbox_kernel
 from autograde_tests.grading.outcome import Cause
 
 from .adversarial import ANSWERS, CANARY, CASES, CHAPTER, HONEST, solved
@@ -187,6 +187,8 @@ def test_an_lms_zip_is_collected_and_graded(regraded):
     [
         (["--chapter", "99_nothing"], "unknown chapter '99_nothing'"),
         (["--jobs", "0"], "must be positive"),
+        pytest.param(["--gpu"], "this machine has no NVIDIA GPU",
+                     marks=pytest.mark.skipif(bool(sandbox_kernel.gpu_devices()), reason="this machine has a GPU")),
     ],
 )
 def test_bad_arguments_get_one_line_and_change_nothing(graded, args, message):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from .. import exchange, nbgrader_course
-from . import batch, bubblewrap, cluster, limits, report, similarity
+from . import batch, bubblewrap, cluster, limits, report, sandbox_kernel, similarity
 
 PROG = "python -m autograde_tests.grading"
 
@@ -46,6 +46,9 @@ def parse(argv=None) -> batch.Settings:
                         help="bytes of messages a kernel's cells may send in all, each output counted with "
                              f"{limits.OUTPUT_OVERHEAD_BYTES} more (default: %(default)s)")
     parser.add_argument("--force", action="store_true", help="regrade submissions that have not changed")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the kernels see this machine's NVIDIA GPUs (/dev/nvidia*) and the checks run their cases "
+                             "there too; --memory does not bound a GPU's memory (default: no GPU for anyone)")
     parser.add_argument("--zip-collect", action="store_true", help="first run nbgrader zip_collect for each chapter")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run kernels without bubblewrap: for trusted work only (your own notebooks)")
@@ -64,6 +67,8 @@ def parse(argv=None) -> batch.Settings:
         parser.error(f"unknown chapter {unknown[0]!r} (chapters: {', '.join(known)})")
     if args.jobs < 1 or args.timeout < 1 or args.cell_timeout < 1 or args.memory <= 0 or args.wait_for_workers <= 0:
         parser.error("--jobs, --timeout, --cell-timeout, --memory and --wait-for-workers must be positive")
+    if args.gpu and not sandbox_kernel.gpu_devices():
+        parser.error("--gpu: this machine has no NVIDIA GPU (no /dev/nvidia* device); grade without --gpu")
     if not 0 < args.similarity <= 1:
         parser.error(f"--similarity must be above 0 and at most 1, got {args.similarity}")
     if args.known_solutions is not None and not args.known_solutions.is_dir():
@@ -84,7 +89,7 @@ def parse(argv=None) -> batch.Settings:
     return batch.Settings(course, chapters, args.jobs, args.timeout, args.cell_timeout, int(args.memory * 2**30),
                           args.output, args.force, sandbox=not args.no_sandbox, scheduler=args.scheduler,
                           refused=tuple(refused), zip_collected=tuple(collected), worker_patience=args.wait_for_workers,
-                          similarity=args.similarity,
+                          similarity=args.similarity, gpu=args.gpu,
                           known_solutions=args.known_solutions.resolve() if args.known_solutions else None)
 
 

@@ -57,6 +57,7 @@ class Settings:
     worker_patience: float = limits.WORKER_PATIENCE_SECONDS  # with no grading worker connected, then it stops
     similarity: float = limits.SIMILARITY_THRESHOLD  # the similarity report's threshold (``similarity``)
     known_solutions: Path | None = None  # a folder of published answers the report compares with
+    gpu: bool = False  # the kernels see the machine's GPUs, and the checks use them (--gpu)
 
 
 class Refused(NamedTuple):
@@ -248,7 +249,7 @@ def _prepare(pair: Pair, settings: Settings, state: dict):
     job = Job(pair.student, pair.chapter, nbformat.writes(rebuilt.notebook),
                      (course / "nbgrader_config.py").read_text(), solution,
                      settings.timeout, settings.cell_timeout, settings.memory_bytes, settings.output_bytes,
-                     settings.sandbox)
+                     settings.sandbox, gpu=settings.gpu)
     outcome = Outcome(pair.student, pair.chapter, Cause.GRADED, notes=notes + rebuilt.notes,
                       advisories=advisories(rebuilt.learner_code), digest=digest)
     return job, outcome, carried

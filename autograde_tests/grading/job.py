@@ -18,6 +18,7 @@ class Job:
     memory_bytes: int
     output_bytes: int  # bytes of messages its cells may send in all (``limits.OUTPUT_BYTES``)
     sandbox: bool
+    gpu: bool = False  # the kernel sees the machine's GPUs, and the checks judging it run their cases there too
     # Whether the worker starts the chapter's next kernel now: not for a chapter's last submissions, after
     # which it would wait for nothing (each kernel costs about 2 s of a core to start).
     start_next: bool = True

@@ -80,11 +80,11 @@ class RelayedKernelManager(AsyncKernelManager):
 class WarmKernels:
     """``ahead`` kernels waiting for the current chapter; ``take`` hands one out and starts its successor."""
 
-    def __init__(self, folder: Path, memory_bytes: int, sandbox: bool, ahead: int = 1):
+    def __init__(self, folder: Path, memory_bytes: int, sandbox: bool, ahead: int = 1, gpu: bool = False):
         # A killed kernel's sandbox outlives it for a moment as an orphan; adopted by this process, it is
         # reaped at once instead of whenever the machine's init gets to it.
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        self.folder, self.memory_bytes, self.sandbox, self.ahead = folder, memory_bytes, sandbox, ahead
+        self.folder, self.memory_bytes, self.sandbox, self.ahead, self.gpu = folder, memory_bytes, sandbox, ahead, gpu
         try:
             self.hierarchy: cgroups.Hierarchy | None = cgroups.bounds()
             self.hierarchy.remove_stale()
@@ -166,6 +166,8 @@ class WarmKernels:
             argv += ["--cgroup", str(folder)]
         if not self.sandbox:
             argv.append("--no-sandbox")
+        if self.gpu:
+            argv.append("--gpu")
         argv += ["-f", "{connection_file}"]
         folder = self.specs / exchange.name
         folder.mkdir()

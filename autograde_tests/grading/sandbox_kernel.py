@@ -25,6 +25,7 @@ made here) memory is bounded per process (``RLIMIT_AS``) instead, a weaker bound
 
 import argparse
 import ctypes
+import glob
 import os
 import resource
 import shutil
@@ -55,8 +56,15 @@ def sandbox_info(exchange: Path) -> Path:
     return exchange / "sandbox-info"
 
 
-def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
-    """bubblewrap's arguments for a kernel graded on ``chapter`` that talks through ``exchange``."""
+def gpu_devices() -> list[str]:
+    """This machine's NVIDIA device files (the GPUs, their control device, unified memory), which ``--gpu``
+    binds into the sandbox: the driver's library is under /usr, which every sandbox reads."""
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
+def bwrap_arguments(chapter: str, exchange: Path, gpu: bool = False) -> list[str]:
+    """bubblewrap's arguments for a kernel graded on ``chapter`` that talks through ``exchange`` (``gpu``: with
+    the machine's NVIDIA devices)."""
     package = Path(autograde_tests.__file__).resolve().parent
     prefixes = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix)})
     arguments = [
@@ -67,6 +75,8 @@ def bwrap_arguments(chapter: str, exchange: Path) -> list[str]:
         "--proc", "/proc", "--dev", "/dev", "--size", str(limits.SHM_BYTES), "--tmpfs", "/dev/shm",
         "--size", str(limits.TMP_BYTES), "--tmpfs", "/tmp",
     ]
+    for device in gpu_devices() if gpu else []:
+        arguments += ["--dev-bind", device, device]
     for prefix in prefixes:
         arguments += ["--ro-bind", prefix, prefix]
     arguments += ["--ro-bind", str(package), str(package)]
@@ -108,6 +118,7 @@ def main() -> None:
     parser.add_argument("--cgroup", type=Path, action="append", default=[],
                         help="a folder of the submission's cgroup to join (repeated: one per hierarchy)")
     parser.add_argument("--no-sandbox", action="store_true")
+    parser.add_argument("--gpu", action="store_true", help="the machine's NVIDIA devices in the sandbox")
     parser.add_argument("-f", dest="connection_file", required=True)
     args, kernel_args = parser.parse_known_args()  # the rest (nbgrader's options) goes to ipykernel
 
@@ -131,7 +142,7 @@ def main() -> None:
         os.execve(sys.executable, kernel, _environment(str(args.exchange)))
     bwrap = bubblewrap.path()
     info = _report_to_grader(args.exchange)
-    os.execv(bwrap, [bwrap, "--info-fd", str(info), *bwrap_arguments(args.chapter, args.exchange), *kernel])
+    os.execv(bwrap, [bwrap, "--info-fd", str(info), *bwrap_arguments(args.chapter, args.exchange, args.gpu), *kernel])
 
 
 def _report_to_grader(exchange: Path) -> int:

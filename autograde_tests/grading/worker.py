@@ -57,9 +57,11 @@ M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1  # glibc's mallopt parameters (mallo
 class _Worker:
     """What a worker process keeps between tasks: its scratch courses and its waiting kernels."""
 
-    def __init__(self):
-        # Kernels get no GPU in the sandbox, so the checks judging them here must not expect one.
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    def __init__(self, gpu: bool):
+        # Without --gpu kernels get no GPU in the sandbox, so the checks judging them here must not expect one.
+        # (Read once, when PyTorch first looks for CUDA: a batch has one setting, and a worker serves one batch.)
+        if not gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         # The folders of a worker that was killed (atexit never ran) are removed by the next one here.
         for folder in Path(tempfile.gettempdir()).glob("grading-worker-*-*"):
             if not psutil.pid_exists(int(folder.name.split("-")[2])):
@@ -94,10 +96,11 @@ class _Worker:
         return self.courses[key]
 
     def kernel(self, job: Job):
-        if self.kernels is None or (self.kernels.memory_bytes, self.kernels.sandbox) != (job.memory_bytes, job.sandbox):
+        wanted = (job.memory_bytes, job.sandbox, job.gpu)
+        if self.kernels is None or (self.kernels.memory_bytes, self.kernels.sandbox, self.kernels.gpu) != wanted:
             if self.kernels is not None:
                 self.kernels.close()
-            self.kernels = WarmKernels(self.root, job.memory_bytes, job.sandbox)
+            self.kernels = WarmKernels(self.root, job.memory_bytes, job.sandbox, gpu=job.gpu)
         return self.kernels.take(job.chapter, job.start_next)
 
 
@@ -111,7 +114,7 @@ def grade(job: Job) -> dict:
     what its cgroup counted)."""
     global _worker
     start = time.perf_counter()
-    _worker = _worker or _Worker()
+    _worker = _worker or _Worker(job.gpu)
     course = _worker.course(job)
     try:
         kernel = _worker.kernel(job)
