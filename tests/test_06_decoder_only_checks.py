@@ -34,6 +34,7 @@ from autograde_tests.checks import (
     decoder_only,
 )
 
+from .conftest import fails
 from .variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # in-process and through the wire; one thread
@@ -84,7 +85,7 @@ def test_rms_norm_check_passes_correct_variants(RMSNorm, hidden, capsys):
      "the gradient with respect to `x` differs from the reference"),
 ])
 def test_rms_norm_check_names_the_mistake(RMSNorm, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_rms_norm(RMSNorm)
 
 
@@ -95,7 +96,8 @@ def rotary_complex(x, positions, base=10000.0):
     """Each pair (x1, x2) as the complex number x1 + i·x2, turned by e^(i·angle)."""
     half = x.size(-1) // 2
     theta = base ** (-torch.arange(0, x.size(-1), 2, dtype=torch.float64, device=x.device) / x.size(-1))
-    turn = torch.polar(torch.ones(len(positions), half, dtype=torch.float64, device=x.device), positions[:, None] * theta)
+    turn = torch.polar(torch.ones(len(positions), half, dtype=torch.float64, device=x.device),
+                       positions[:, None] * theta)
     z = torch.complex(x[..., :half].double(), x[..., half:].double()) * turn
     return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
 
@@ -157,12 +159,12 @@ def test_apply_rotary_check_passes_correct_variants(apply_rotary, hidden, capsys
      "the angles are laid out for neighbouring pairs"),
 ])
 def test_apply_rotary_check_names_the_mistake(apply_rotary, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_apply_rotary(apply_rotary)
 
 
 def test_apply_rotary_hidden_cases_name_a_base_that_is_ignored():
-    with pytest.raises(AssertionError, match="the base argument is ignored: the frequencies use 10000"):
+    with fails("the base argument is ignored: the frequencies use 10000"):
         check_apply_rotary(rotary_ignoring_the_base, hidden=True)
 
 
@@ -311,7 +313,7 @@ class BlockNormsWithoutEps(BlockBase):
 
 
 def test_a_block_that_makes_its_mask_on_a_fixed_device_is_told_so():
-    with pytest.raises(AssertionError, match="makes a tensor on a fixed device"):
+    with fails("makes a tensor on a fixed device"):
         check_decoder_block(variant(BlockBase, ("arange(total, device=device)", "arange(total)"),
                                     ("arange(total - T, total, device=device)", "arange(total - T, total)"),
                                     method="allowed"))
@@ -362,18 +364,18 @@ def test_decoder_block_check_passes_correct_variants(DecoderBlock, hidden, capsy
     (BlockWithoutKVHeads, r"parameter w_k.weight has shape \(16, 16\), expected \(8, 16\)"),
 ])
 def test_decoder_block_check_names_the_mistake(DecoderBlock, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_decoder_block(DecoderBlock)
 
 
 def test_hidden_cases_name_norms_built_without_eps():
-    with pytest.raises(AssertionError, match=r"attn_norm is built as RMSNorm with eps=1e-06 \(the model's is 0.1\)"):
+    with fails(r"attn_norm is built as RMSNorm with eps=1e-06 \(the model's is 0.1\)"):
         check_decoder_block(BlockNormsWithoutEps, hidden=True)
 
 
 def test_an_error_only_with_a_cache_keeps_the_traceback_of_the_learners_code(learner_side):
     """In the learner's notebook; a graded run's feedback shows the message alone."""
-    with pytest.raises(AssertionError) as failed:
+    with fails() as failed:
         check_decoder_block(BlockChapter3Mask)
     if learner_side == "in-process":
         assert any("in forward" in line for line in failed.value.learner_frames), failed.value.learner_frames
@@ -439,7 +441,7 @@ def test_gpt_check_passes_correct_variants(GPT, hidden, capsys):
      r"the logits is torch.float32 but the inputs are torch.float64: a .float\(\) on the result"),
 ])
 def test_gpt_check_names_the_mistake(GPT, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_gpt(GPT)
 
 
@@ -474,8 +476,9 @@ def test_an_option_of_the_learners_own_given_to_a_block_is_not_judged():
     built = [("blocks.0", "DecoderBlock", [16, 4, 24, 0.1], {"n_kv_heads": 2, "dropout": 0.0})]
     want = {"d_model": 16, "n_heads": 4, "d_ff": 24, "eps": 0.1, "n_kv_heads": 2}
     decoder_only._expect_built("GPT", built, {"blocks.0": ("DecoderBlock", want)}, required=True)
-    with pytest.raises(AssertionError, match=r"blocks.0 is built as DecoderBlock with n_kv_heads=2 \(the model's is 1\)"):
-        decoder_only._expect_built("GPT", built, {"blocks.0": ("DecoderBlock", want | {"n_kv_heads": 1})}, required=True)
+    with fails(r"blocks.0 is built as DecoderBlock with n_kv_heads=2 \(the model's is 1\)"):
+        decoder_only._expect_built("GPT", built, {"blocks.0": ("DecoderBlock", want | {"n_kv_heads": 1})},
+                                   required=True)
 
 
 def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):
@@ -490,7 +493,7 @@ def test_a_correct_gpt_gets_full_marks_whatever_its_blocks_and_norm_do(capsys):
     (GPTBlocksWithoutEps, True, r"blocks.0 is built as DecoderBlock with eps=1e-06 \(the model's is 0.1\)"),
 ])
 def test_gpt_check_names_arguments_its_blocks_were_not_given(GPT, hidden, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_gpt(GPT, hidden=hidden)
 
 
@@ -530,7 +533,7 @@ def test_lm_loss_check_passes_correct_variants(lm_loss, hidden, capsys):
      "only the last position is scored"),
 ])
 def test_lm_loss_check_names_the_mistake(lm_loss, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_lm_loss(lm_loss)
 
 
@@ -670,7 +673,7 @@ def test_generate_check_passes_correct_variants(generate, hidden, capsys):
     (generate_dividing_by_a_zero_temperature, "temperature=0 was used as a divisor"),
 ])
 def test_generate_check_names_the_mistake(generate, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_generate(generate)
 
 
@@ -678,7 +681,7 @@ def test_unwritten_exercise_says_so():
     def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
         raise NotImplementedError()
 
-    with pytest.raises(AssertionError, match="is not written yet"):
+    with fails("is not written yet"):
         check_generate(generate)
 
 
@@ -777,7 +780,8 @@ def meta_loader(reorder=meta_to_half_split, rotated=("w_q", "w_k"), names=META_L
 
 def meta_by_indices(model, checkpoint):
     """Converted to Hugging Face's layout with an index permutation, then loaded as Hugging Face's."""
-    hf = {"model.embed_tokens.weight": checkpoint["tok_embeddings.weight"], "model.norm.weight": checkpoint["norm.weight"]}
+    hf = {"model.embed_tokens.weight": checkpoint["tok_embeddings.weight"],
+          "model.norm.weight": checkpoint["norm.weight"]}
     if "output.weight" in checkpoint:
         hf["lm_head.weight"] = checkpoint["output.weight"]
     for i, block in enumerate(model.blocks):
@@ -815,7 +819,8 @@ def test_load_hf_llama_check_passes_correct_variants(load_hf_llama, hidden, caps
 
 
 @pytest.mark.parametrize("load_hf_llama, message", [
-    (hf_loader(copy=lambda ours, theirs, w: w.T if ours in ("w_q", "w_o") else w), r"the weights are transposed \(w.T\)"),
+    (hf_loader(copy=lambda ours, theirs, w: w.T if ours in ("w_q", "w_o") else w),
+     r"the weights are transposed \(w.T\)"),
     (hf_loader(copy=lambda ours, theirs, w: w.T if w.dim() == 2 else w),
      r"raised RuntimeError: The size of tensor a \(16\) must match the size of tensor b \(24\)(.|\n)*If your code "
      r"transposes weights \(w.T\), it should not"),
@@ -831,13 +836,13 @@ def test_load_hf_llama_check_passes_correct_variants(load_hf_llama, hidden, caps
      r"the first parameter that differs from the reference's: blocks.0.w_k.weight\) and the reference differ"),
 ])
 def test_load_hf_llama_check_names_the_mistake(load_hf_llama, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_load_hf_llama(load_hf_llama)
 
 
 def test_a_loader_that_puts_the_checkpoints_tensors_in_place_of_the_parameters_is_told_so():
     """As published checkpoints are stored, in bfloat16 (a hidden case): the model would become bfloat16."""
-    with pytest.raises(AssertionError, match=r"is now torch.bfloat16 on cpu, where the model was torch.float32"):
+    with fails(r"is now torch.bfloat16 on cpu, where the model was torch.float32"):
         check_load_hf_llama(hf_loader(replace=True), hidden=True)
 
 
@@ -848,8 +853,7 @@ def test_a_loader_that_transposes_with_data_is_told_the_shapes():
             block.w_gate.weight.data = block.w_gate.weight.data.T.contiguous()
         return model
 
-    with pytest.raises(AssertionError, match=r"blocks.0.w_gate.weight now has shape \(16, 24\), expected \(24, 16\): "
-                                             r"the weights are transposed"):
+    with fails(r"blocks.0.w_gate.weight now has shape \(16, 24\), expected \(24, 16\): the weights are transposed"):
         check_load_hf_llama(load)
 
 
@@ -875,7 +879,7 @@ def test_load_meta_llama_check_passes_correct_variants(load_meta_llama, hidden, 
     (meta_loader(in_place=True), "changed the checkpoint it was given"),
 ])
 def test_load_meta_llama_check_names_the_mistake(load_meta_llama, message):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_load_meta_llama(load_meta_llama)
 
 
@@ -889,7 +893,7 @@ def by_query_heads(w, block):
     meta_loader(reorder=lambda w, block: by_query_heads(w, block), d_k_of=lambda block, w: block),  # cannot run
 ])
 def test_a_meta_loader_that_counts_the_keys_heads_as_the_queries_is_told_about_grouped_query_heads(load_meta_llama):
-    with pytest.raises(AssertionError, match=r"w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's"):
+    with fails(r"w_k and w_v have n_kv_heads heads of d_k rows, fewer than w_q's"):
         check_load_meta_llama(load_meta_llama)
 
 
@@ -901,7 +905,7 @@ def test_a_weight_the_loader_forgot_is_named():
                     param.copy_(R.load_hf_llama(copy.deepcopy(model), state_dict).get_parameter(key))
         return model
 
-    with pytest.raises(AssertionError, match="norm.weight was not loaded: it still holds the weights the model had"):
+    with fails("norm.weight was not loaded: it still holds the weights the model had"):
         check_load_hf_llama(load)
 
 
@@ -913,5 +917,5 @@ def test_an_unwritten_reordering_says_so():
     def load_meta_llama(model, checkpoint):
         return meta_loader(reorder=interleaved_to_half_split)(model, checkpoint)
 
-    with pytest.raises(AssertionError, match="load_meta_llama: is not written yet"):
+    with fails("^is not written yet", exercise="load_meta_llama"):
         check_load_meta_llama(load_meta_llama)

@@ -27,6 +27,8 @@ from autograde_tests.reference import causal_mask
 from autograde_tests.reference import online_softmax as reference_online_softmax
 from autograde_tests.reference import tiled_attention as reference_tiled_attention
 
+from .conftest import fails
+
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")  # each test in-process and through the wire
 
 # ------------------------------------------------------------------------ online_softmax: correct
@@ -222,7 +224,8 @@ def online_softmax_returning_the_weights(chunks):
          r"against the chunk's own maximum, exp\(x - chunk max\), while the old sum was rescaled"),
         (online_softmax_in_two_passes, r"reads the chunks 2 times"),
         (online_softmax_in_two_passes_over_a_kept_list, r"went back to chunk 0 after chunk 2: a second pass"),
-        (online_softmax_joining_the_chunks, r"joined the chunks into whole rows: a float32 tensor of shape \(2, 3, 12\)"),
+        (online_softmax_joining_the_chunks,
+         r"joined the chunks into whole rows: a float32 tensor of shape \(2, 3, 12\)"),
         (online_softmax_without_the_maximum, r"l is inf or NaN for scores around \+800"),
         (online_softmax_without_keepdim, r"m has shape \(2, 3\), expected \(2, 3, 1\)"),
         (online_softmax_shifting_its_input, r"modified its input `chunks` in place"),
@@ -230,7 +233,7 @@ def online_softmax_returning_the_weights(chunks):
     ],
 )
 def test_online_softmax_check_names_the_mistake(online_softmax, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_online_softmax(online_softmax)
     assert "✔" not in capsys.readouterr().out
 
@@ -376,14 +379,17 @@ def tiles_of_every_key(q, k, v, block_q, block_k, causal=False):
     for i in range(0, q.size(-2), block_q):
         s = q[..., i:i + block_q, :] @ k.mT / math.sqrt(q.size(-1))
         if causal:
-            s = s.masked_fill(torch.arange(k.size(-2), device=q.device) > torch.arange(i, i + s.size(-2), device=q.device)[:, None],
-                              float("-inf"))
+            s = s.masked_fill(
+                torch.arange(k.size(-2), device=q.device) > torch.arange(i, i + s.size(-2), device=q.device)[:, None],
+                float("-inf"))
         outs.append(torch.softmax(s, dim=-1).nan_to_num(0.0) @ v)
     return torch.cat(outs, dim=-2)
 
 
 def causal_by_masking_every_tile(q, k, v, block_q, block_k, causal=False):
-    return learner_tiled(q, k, v, block_q, block_k, False) if not causal else masked_everywhere(q, k, v, block_q, block_k)
+    if not causal:
+        return learner_tiled(q, k, v, block_q, block_k, False)
+    return masked_everywhere(q, k, v, block_q, block_k)
 
 
 def masked_everywhere(q, k, v, block_q, block_k):
@@ -428,7 +434,8 @@ def fused_by_pytorch(q, k, v, block_q, block_k, causal=False):
         (with_(include_diagonal_tile=False, guard_empty=False), r"tile on the diagonal was skipped too"),  # NaN rows
         (with_(stop_by_block_q=False), r"loop over keys ends at i \+ block_k instead of i \+ block_q"),
         (naive_attention, r"you built the full score matrix: a float32 tensor of shape \(2, 29, 37\) \(aten::"),
-        (tiles_with_a_full_causal_mask, r"you built the full score matrix \(as a mask\): a bool tensor of shape \(29, 37\)"),
+        (tiles_with_a_full_causal_mask,
+         r"you built the full score matrix \(as a mask\): a bool tensor of shape \(29, 37\)"),
         (per_head_full_scores, r"you built the full score matrix: .* shape \(29, 37\)"),
         (causal_by_masking_every_tile, r"causal attention does 1\d\d% of the work .* leaves about 50%"),
         (fused_by_pytorch, r"calls F.scaled_dot_product_attention"),
@@ -436,15 +443,14 @@ def fused_by_pytorch(q, k, v, block_q, block_k, causal=False):
     ],
 )
 def test_tiled_attention_check_names_the_mistake(tiled_attention, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with fails(message):
         check_tiled_attention(tiled_attention)
     assert "✔" not in capsys.readouterr().out
 
 
 def test_tiles_of_every_key_are_not_called_a_full_score_matrix():
     """A batch of heads each holding (block_q, n) scores can outgrow one head's m·n: named for what it is."""
-    with pytest.raises(AssertionError, match=r"your tiles hold every key at once, so block_k is not used: "
-                                             r"a float32 tensor of shape \(6, 16, 47\)"):
+    with fails(r"your tiles hold every key at once, so block_k is not used: a float32 tensor of shape \(6, 16, 47\)"):
         check_tiled_attention(tiles_of_every_key, hidden=True)
 
 
@@ -452,7 +458,7 @@ def test_dropping_the_last_partial_key_block_is_named_too():
     def drops_keys(q, k, v, block_q, block_k, causal=False):
         whole = k.size(-2) // block_k * block_k
         return learner_tiled(q, k[..., :whole, :], v[..., :whole, :], block_q, block_k, causal)
-    with pytest.raises(AssertionError, match=r"last partial block of keys was dropped"):
+    with fails(r"last partial block of keys was dropped"):
         check_tiled_attention(drops_keys)
 
 

@@ -33,10 +33,15 @@ from autograde_tests.reference.tokens import train_bpe as reference_train_bpe
 from autograde_tests.remote import wire
 from autograde_tests.remote.agent import Agent
 
-from .conftest import connected
+from .conftest import connected, fails
 from .variants import variant
 
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
+
+
+def fields(message: str | dict) -> dict:
+    """A case's expected verdict as ``fails`` takes it: a regular expression for the problem, or one per field."""
+    return message if isinstance(message, dict) else {"problem": message}
 
 GPT2 = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -333,21 +338,23 @@ TIE = "min(counts, key=lambda p: (-counts[p], p))"
         (variant(RECOUNT, (TIE, "max(counts, key=lambda p: (counts[p], p))")),
          r"ties were broken towards the largest \(left id, right id\)"),
         (train_with_greatest_bytes_on_ties, r"ties were broken towards the lexicographically greatest bytes"),
-        (minbpe_train, r"merge \d+ is .*, expected .*: (before any merge|after the .*) both pairs occur \d+ times, so "
-                       r"the tie was broken another way\n.*\nHint: of the pairs counted most often, merge the one "
-                       r"with the smallest \(left id, right id\)"),
+        (minbpe_train, dict(problem=r"merge \d+ is .*, expected .*: (before any merge|after the .*) both pairs occur "
+                                    r"\d+ times, so the tie was broken another way$",
+                            hint=r"^of the pairs counted most often, merge the one with the smallest "
+                                 r"\(left id, right id\)")),
         (educational_train, r"so the tie was broken another way"),
         (variant(RECOUNT, (COUNT, "for pair in zip(w, w[1:-1]):")),  # each piece's last pair left out
-         r"merge \d+ is .*, which occurs \d+ times (before any merge|after the .*); the most frequent pair then is "
-         r".*, \d+ times\n  case: .*\nHint: count every adjacent pair"),
+         dict(problem=r"merge \d+ is .*, which occurs \d+ times (before any merge|after the .*); the most frequent "
+                      r"pair then is .*, \d+ times$", hint=r"^count every adjacent pair")),
         (variant(RECOUNT, ("if not counts:", "if len(merges) == 3:")),
          r"returned 3 merges, expected \d+: vocab_size \d+ is 256 bytes \+ \d+ merges \+ \d+ special tokens"),
-        (train_returning_a_dict, r"should return a list of \(left id, right id\) pairs, got dict\n.*\nHint: .*list\("),
+        (train_returning_a_dict,
+         dict(problem=r"should return a list of \(left id, right id\) pairs, got dict$", hint=r"^.*list\(")),
         (train_returning_bytes_pairs, r"pairs of ints, but it holds a tuple of bytes, bytes"),
     ],
 )
 def test_train_bpe_check_names_the_mistake(train_bpe, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with fails(**fields(message)):
         check_train_bpe(train_bpe)
     assert "✔" not in capsys.readouterr().out
 
@@ -358,7 +365,7 @@ def test_training_past_the_end_of_the_text_is_named_with_the_early_stop():
         merges = reference_train_bpe(text, vocab_size, special_tokens)
         return merges + [(0, 0)] * (vocab_size - 256 - len(special_tokens) - len(merges))
 
-    with pytest.raises(AssertionError, match=r"after \d+ merges every piece of this text is one token"):
+    with fails(r"after \d+ merges every piece of this text is one token"):
         check_train_bpe(never_stops)
 
 
@@ -366,8 +373,8 @@ def test_a_vocabulary_too_small_for_the_bytes_and_special_tokens_must_be_refused
     def makes_no_merges(text, vocab_size, special_tokens=()):
         return reference_train_bpe(text, max(vocab_size, 256 + len(special_tokens)), special_tokens)
 
-    with pytest.raises(AssertionError, match=r"train_bpe: returned a result when given vocab_size 257 with two special "
-                                             r"tokens .*; the notebook asks for a ValueError\nHint: check first"):
+    with fails(r"^returned a result when given vocab_size 257 with two special tokens .*; the notebook asks for a "
+               r"ValueError$", hint="^check first", exercise="train_bpe"):
         check_train_bpe(makes_no_merges)
 
 
@@ -448,8 +455,8 @@ BEST = "best = min(found, key=rank.get)"
         (variant(LOWEST, merge_pair=variant(merge_pair, ("i += 2", "i += 1"))),
          r"the scan went on at the pair's right token"),
         (lambda text, merges, special_tokens=(): encode_rank_by_rank(text, merges[:-3], special_tokens),
-         r"id \d+ is \d+ \(.*\), expected \d+ \(.*\) \(in the piece .*, whose ids are \[.*\]; \d+ ids, expected "
-         r"\d+\)\n  case: .*\nHint: split out the special tokens"),
+         dict(problem=r"id \d+ is \d+ \(.*\), expected \d+ \(.*\) \(in the piece .*, whose ids are \[.*\]; \d+ ids, "
+                      r"expected \d+\)$", hint=r"^split out the special tokens")),
         (lambda text, merges, special_tokens=(): reference_encode(text, merges, special_tokens)[:-1],
          r"id \d+ is nothing \(your ids end there\), expected"),
         (lambda text, merges, special_tokens=(): tuple(reference_encode(text, merges, special_tokens)),
@@ -459,7 +466,7 @@ BEST = "best = min(found, key=rank.get)"
     ],
 )
 def test_encode_check_names_the_mistake(encode, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with fails(**fields(message)):
         check_encode(encode)
     assert "✔" not in capsys.readouterr().out
 
@@ -531,15 +538,15 @@ def decode_right_then_left(ids, merges, special_tokens=()):
              if i >= 256 + len(special_tokens) else i for i in ids], merges, special_tokens),
          r"the special tokens were read at ids 256 \+ j, before the merges"),
         (variant(CACHED, ('errors="replace"', 'errors="strict"')),
-         r"cut inside a character\); it decodes the same ids uncut\n.*\nHint: decode the joined bytes with "
-         r"errors='replace'"),
+         dict(problem=r"cut inside a character\); it decodes the same ids uncut$",
+              hint=r"^decode the joined bytes with errors='replace'")),
         (variant(CACHED, ('.decode("utf-8", errors="replace")', "")), r"should return the text, a str, got bytes"),
         (variant(CACHED, (JOINED, f"({JOINED}).upper()")),
          r"the text differs from character \d+ on: got .*, expected .* \(\d+ characters, expected \d+\)"),
     ],
 )
 def test_decode_check_names_the_mistake(decode, message, capsys):
-    with pytest.raises(AssertionError, match=message):
+    with fails(**fields(message)):
         check_decode(decode)
     assert "✔" not in capsys.readouterr().out
 
@@ -549,8 +556,8 @@ def test_an_id_outside_the_vocabulary_must_be_refused_not_read_from_the_end():
         table = token_bytes(merges, special_tokens)
         return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
 
-    with pytest.raises(AssertionError, match=r"decode: returned a result when given the id -1, which a vocabulary of "
-                                             r"258 tokens does not have; the notebook asks for a ValueError"):
+    with fails(r"^returned a result when given the id -1, which a vocabulary of 258 tokens does not have; the "
+               r"notebook asks for a ValueError", exercise="decode"):
         check_decode(reads_negative_ids)
 
 
@@ -558,9 +565,10 @@ def test_a_decode_that_raises_on_uncut_ids_too_is_not_told_about_the_cut():
     def raises(ids, merges, special_tokens=()):
         raise ValueError("no vocabulary")
 
-    with pytest.raises(AssertionError, match=r"decode: raised ValueError: no vocabulary\n  when called with") as raised:
+    with fails(r"^raised ValueError: no vocabulary\n  when called with", exercise="decode") as raised:
         check_decode(raises)
-    assert "errors='replace'" not in str(raised.value)
+    assert raised.value.raised == "ValueError"
+    assert "errors='replace'" not in raised.value.problem + (raised.value.hint or "")
 
 
 # --------------------------------------------------------------------------- the cases, and the libraries
@@ -607,8 +615,8 @@ def test_a_tokenizer_library_fails_a_graded_run_by_the_source(check, source):
     kernel = Agent({"answer": namespace["answer"]})
     graded = connected(kernel, static_names=StaticNames([source])).lookup("answer")
     library = re.escape(re.search(r"tiktoken|tokenizers|minbpe", source).group())
-    with pytest.raises(AssertionError, match=rf"calls .*\(.*{library}.*\), which this exercise asks you to write "
-                                             r"yourself\nHint: write it with Python's own"):
+    with fails(rf"calls .*\(.*{library}.*\), which this exercise asks you to write yourself$",
+               hint=r"^write it with Python's own"):
         check(graded)
 
 

@@ -41,6 +41,8 @@ from autograde_tests.checks import (  # noqa: F401  (looked up by name, so the l
 )
 from autograde_tests.checks.harness import WIDTH, shown
 
+from .conftest import fails
+
 pytestmark = pytest.mark.usefixtures("learner_side")  # each test in-process and through the wire
 
 
@@ -139,10 +141,11 @@ WRONG = {
 @pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
 @pytest.mark.parametrize("check_name", WRONG)
 def test_a_wrong_answer_fails_with_the_check_s_own_short_message(check_name, hidden):
-    with pytest.raises(AssertionError) as failure:
+    with fails() as failure:
         globals()[check_name](WRONG[check_name], hidden=hidden)
-    message = str(failure.value)
-    assert ": " in message.splitlines()[0] and len(message) < 1200, message
+    assert failure.value.exercise and failure.value.problem, failure.value
+    message = failure.value.render()  # its length and its lines as a learner reads them
+    assert len(message) < 1200, message
     # As a notebook shows it: no line wider than the output area holds, so JupyterLab breaks no word.
     assert all(len(line) <= WIDTH for line in shown(f"AssertionError: {message}")), shown(f"AssertionError: {message}")
 
@@ -150,5 +153,5 @@ def test_a_wrong_answer_fails_with_the_check_s_own_short_message(check_name, hid
 def test_a_wrong_causal_self_attention_with_b_t_and_n_all_different_fails_cleanly():
     """The reported crash: a padded case whose batch size differs from its length reached a mistake
     candidate that combined (T, T) and (B, T) masks."""
-    with pytest.raises(AssertionError, match=r"^CausalSelfAttention: "):
+    with fails(exercise="CausalSelfAttention"):
         check_causal_self_attention(WRONG["check_causal_self_attention"], hidden=True)

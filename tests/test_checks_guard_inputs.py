@@ -11,7 +11,7 @@ from autograde_tests.checks import check_cross_attention, check_sublayer_connect
 from autograde_tests.reference import CrossAttention, SublayerConnection, scaled_dot_product_attention
 from autograde_tests.remote.proxy import Session
 
-from .conftest import kernel_stand_in
+from .conftest import fails, kernel_stand_in
 
 pytestmark = pytest.mark.usefixtures("learner_side", "one_thread")
 
@@ -36,7 +36,8 @@ def attention_flipping_its_mask(q, k, v, mask=None):
 
 
 def test_a_changed_input_is_a_verdict_that_names_it_as_the_contract_does(learner_side):
-    with pytest.raises(AssertionError, match="^softmax: modified its input `x` in place\nHint: use out-of-place"):
+    with fails("^modified its input `x` in place$", hint="^use out-of-place", exercise="softmax",
+               verdict=harness.ChangedInput):
         harness.call("softmax", where_the_check_meets(softmax_shifting_its_input, learner_side),
                      torch.randn(2, 3, dtype=torch.float64))
 
@@ -46,7 +47,7 @@ def test_a_changed_mask_is_a_verdict_with_the_masks_hint(learner_side, as_keywor
     q, k, v = (torch.randn(2, 3, 4, dtype=torch.float64) for _ in range(3))
     mask = torch.tensor([True, True, False]).expand(2, 3, 3).clone()
     attention = where_the_check_meets(attention_flipping_its_mask, learner_side)
-    with pytest.raises(AssertionError, match="modified its input `mask` in place\nHint: use ~mask or torch.where"):
+    with fails("modified its input `mask` in place$", hint="^use ~mask or torch.where", verdict=harness.ChangedInput):
         if as_keyword:
             harness.call("scaled_dot_product_attention", attention, q, k, v, mask=mask)
         else:
@@ -82,7 +83,7 @@ def test_the_expected_value_comes_from_the_input_as_drawn(monkeypatch):
         original = getattr(chapter_4, wiring)
         monkeypatch.setattr(chapter_4, wiring, lambda x, f, norm, original=original: given.append(x.clone())
                             or original(x, f, norm))
-    with pytest.raises(AssertionError, match="^SublayerConnection: modified its input `x` in place"):
+    with fails("^modified its input `x` in place", exercise="SublayerConnection", verdict=harness.ChangedInput):
         check_sublayer_connection(ZeroesItsInputOnTheSecondCall)
     drawn = chapter_4._sublayer_drawn("SublayerConnection", chapter_4.VISIBLE_SUBLAYER[0], False, 0)[-1]
     assert given and all(torch.equal(x, drawn) for x in given)
@@ -100,5 +101,6 @@ class CrossAttentionFlippingItsMask(CrossAttention):
 
 def test_a_check_that_diagnoses_failed_calls_passes_the_verdict_on_as_it_is():
     """CrossAttention's check explains a call that fails only with a mask; a changed mask is not that."""
-    with pytest.raises(AssertionError, match="^CrossAttention: modified its input `memory_padding_mask` in place"):
+    with fails("^modified its input `memory_padding_mask` in place", exercise="CrossAttention",
+               verdict=harness.ChangedInput):
         check_cross_attention(CrossAttentionFlippingItsMask)

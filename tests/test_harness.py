@@ -10,6 +10,7 @@ from autograde_tests.checks.harness import (
     ChangedInput,
     EditDoesNotApply,
     Mistake,
+    OnAFixedDevice,
     call,
     edited,
     fail,
@@ -19,20 +20,22 @@ from autograde_tests.checks.harness import (
     seed_for,
 )
 
+from .conftest import fails
+
 
 def clashes_with_the_gpu(x):
     raise RuntimeError("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!")
 
 
 def test_call_names_a_device_clash_as_a_tensor_made_on_a_fixed_device():
-    with pytest.raises(AssertionError, match=ON_A_FIXED_DEVICE) as failure:
+    with fails(ON_A_FIXED_DEVICE, hint=r"device=<input>\.device", verdict=OnAFixedDevice):
         call("f", clashes_with_the_gpu, 1)
-    assert "device=<input>.device" in str(failure.value)
 
 
 def test_call_reports_any_other_error_with_its_arguments():
-    with pytest.raises(AssertionError, match=r"f: raised ZeroDivisionError: .*\n  when called with \(1\)"):
+    with fails(r"^raised ZeroDivisionError: .*\n  when called with \(1\)", exercise="f") as failure:
         call("f", lambda x: x / 0, 1)
+    assert failure.value.raised == "ZeroDivisionError"
 
 
 @dataclass(frozen=True)
@@ -46,19 +49,20 @@ def test_a_failure_in_a_case_states_the_case_between_the_problem_and_the_hint():
         if dtype == torch.float64:
             fail("f", "wrong", "fix it")
 
-    with pytest.raises(AssertionError) as failure:
+    with fails(exercise="f") as failure:
         run_cases("f", [Case((3, 4), 0.1)], check_case)
-    assert str(failure.value) == "f: wrong\n  case: shape=(3, 4), eps=0.1; float64 on cpu\nHint: fix it"
+    found = failure.value
+    assert (found.problem, found.case, found.hint) == ("wrong", "shape=(3, 4), eps=0.1; float64 on cpu", "fix it")
 
 
 def test_a_failure_in_a_case_keeps_its_kind_and_the_learners_frames():
     def check_case(i, case, device, dtype):
         fail("f", "changed its input", frames=["  line 1"], verdict=ChangedInput)
 
-    with pytest.raises(ChangedInput) as failure:
+    with fails(verdict=ChangedInput) as failure:
         run_cases("f", [Case((2,), 1e-6)], check_case)
     assert failure.value.learner_frames == ["  line 1"]
-    assert str(failure.value).endswith("case: shape=(2,), eps=1e-06; float32 on cpu")
+    assert failure.value.case == "shape=(2,), eps=1e-06; float32 on cpu"
 
 
 def scaled(x, factor=2.0):
@@ -99,9 +103,10 @@ def test_run_cases_without_dtypes_runs_each_case_once_and_claims_no_device_nor_d
     seen = []
     run_cases("f", [Case((2,), 0.1)], lambda i, case, device, dtype: seen.append((device.type, dtype)), dtypes=())
     assert seen == [("cpu", None)] and capsys.readouterr().out == "✔ f: all 1 cases passed\n"
-    with pytest.raises(AssertionError) as failure:
+    with fails(exercise="f") as failure:
         run_cases("f", [Case((2,), 0.1)], lambda i, case, device, dtype: fail("f", "wrong", "fix it"), dtypes=())
-    assert str(failure.value) == "f: wrong\n  case: shape=(2,), eps=0.1\nHint: fix it"
+    found = failure.value
+    assert (found.problem, found.case, found.hint) == ("wrong", "shape=(2,), eps=0.1", "fix it")
 
 
 WRONG_SIGN = Mistake("the sign is flipped", "negate", lambda x: -x)
@@ -134,10 +139,10 @@ def test_aligned_results_match_where_a_mistake_changed_the_shape():
 
 def test_when_no_mistake_matches_the_checks_own_diagnosis_comes_before_the_difference():
     x = torch.ones(3, dtype=torch.float64)
-    with pytest.raises(AssertionError, match="f: the check's own diagnosis"):
+    with fails("^the check's own diagnosis", exercise="f"):
         name_the_mistake("f", "the output", x + 0.5, x, made(x, DOUBLED),
                          otherwise=lambda: fail("f", "the check's own diagnosis"))
-    with pytest.raises(AssertionError, match="f: the output and the FFN it was built from differ"):
+    with fails("^the output and the FFN it was built from differ", exercise="f"):
         name_the_mistake("f", "the output", x + 0.5, x, made(x, DOUBLED), against="the FFN it was built from")
 
 

@@ -20,17 +20,17 @@ from autograde_tests.checks import (
     check_load_meta_llama,
     check_online_softmax,
     check_softmax,
-    check_sublayer_connection,
     check_tiled_attention,
     check_transformer,
+    in_kernel,
+    stand_in_models,
 )
-from autograde_tests.checks import in_kernel, stand_in_models
 from autograde_tests.checks.harness import ON_A_FIXED_DEVICE
 from autograde_tests.checks.how import NOTE, in_a_graded_run, kernel_reported
 from autograde_tests.grading.static_names import StaticNames
 from autograde_tests.remote.proxy import Session
 
-from .conftest import connected, kernel_stand_in
+from .conftest import connected, fails, kernel_stand_in
 from .test_01_attention_checks import softmax_fixed_device
 from .test_03_attention_variants_checks import causal_on_the_cpu
 from .test_04_ffn_layernorm_residual_checks import (
@@ -39,9 +39,12 @@ from .test_04_ffn_layernorm_residual_checks import (
     conv_returning_the_ffn,
     conv_with_wide_kernels,
 )
-from .test_06_decoder_only_checks import make_generate, meta_loader, swapped, META_LAYER
-from .test_07_attention_at_scale_checks import (naive_attention, online_softmax_in_two_passes,
-                                                online_softmax_in_two_passes_over_a_kept_list)
+from .test_06_decoder_only_checks import META_LAYER, make_generate, meta_loader, swapped
+from .test_07_attention_at_scale_checks import (
+    naive_attention,
+    online_softmax_in_two_passes,
+    online_softmax_in_two_passes_over_a_kept_list,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -73,7 +76,7 @@ def test_only_a_graded_session_is_a_graded_run():
 
 
 def test_a_kernel_reported_rule_fails_in_learner_mode_and_is_a_note_in_a_graded_run(capsys):
-    with pytest.raises(AssertionError, match="softmax: uses something"):
+    with fails("^uses something", exercise="softmax"):
         kernel_reported("softmax", len, "uses something", "do otherwise")
     kernel_reported("softmax", graded(len, "01_attention"), "uses something", "do otherwise")
     assert capsys.readouterr().out == f"softmax: {NOTE}: uses something\nHint: do otherwise\n"
@@ -98,18 +101,18 @@ def silence_the_operator_record(monkeypatch):
 
 
 def test_nn_softmax_is_a_built_in_softmax_in_learner_mode():
-    with pytest.raises(AssertionError, match=r"calls a built-in softmax .*softmax"):
+    with fails(r"calls a built-in softmax .*softmax"):
         check_softmax(_defined(NN_SOFTMAX))
 
 
 def test_nn_softmax_fails_a_graded_run_by_the_source_with_the_kernels_record_silenced(monkeypatch):
     silence_the_operator_record(monkeypatch)
-    with pytest.raises(AssertionError, match=r"calls a built-in softmax .*\(Softmax\)"):
+    with fails(r"calls a built-in softmax .*\(Softmax\)"):
         check_softmax(graded(_defined(NN_SOFTMAX), "01_attention", NN_SOFTMAX))
 
 
 def test_a_softmax_named_at_run_time_is_seen_by_the_kernel_alone_so_a_graded_run_notes_it(capsys):
-    with pytest.raises(AssertionError, match="calls a built-in softmax"):
+    with fails("calls a built-in softmax"):
         check_softmax(_defined(RUN_TIME_NAME))
     passes_with_a_note(check_softmax, graded(_defined(RUN_TIME_NAME), "01_attention", RUN_TIME_NAME),
                        "calls a built-in softmax", capsys)
@@ -119,7 +122,7 @@ def test_a_softmax_named_at_run_time_is_seen_by_the_kernel_alone_so_a_graded_run
 
 
 def test_a_device_written_into_the_code_fails_in_learner_mode_and_is_a_note_in_a_graded_run(capsys):
-    with pytest.raises(AssertionError, match=ON_A_FIXED_DEVICE):
+    with fails(ON_A_FIXED_DEVICE):
         check_softmax(softmax_fixed_device)
     passes_with_a_note(check_softmax, graded(softmax_fixed_device, "01_attention"), ON_A_FIXED_DEVICE, capsys)
 
@@ -133,7 +136,7 @@ def test_replacing_the_shape_only_run_gains_nothing_in_a_graded_run(monkeypatch,
 
 
 def test_a_mask_that_ignores_its_device_argument_is_a_note_in_a_graded_run(capsys):
-    with pytest.raises(AssertionError, match="ignores its device argument"):
+    with fails("ignores its device argument"):
         check_causal_mask(causal_on_the_cpu)
     passes_with_a_note(check_causal_mask, graded(causal_on_the_cpu, "03_attention_variants"),
                        "ignores its device argument", capsys)
@@ -147,7 +150,7 @@ def test_plain_attention_is_a_note_in_a_graded_run_and_wrong_values_still_fail(c
                        "you built the full score matrix", capsys)
     unscaled = lambda q, k, v, block_q, block_k, causal=False: naive_attention(q * math.sqrt(q.size(-1)), k, v,
                                                                                block_q, block_k, causal)
-    with pytest.raises(AssertionError, match="tiled_attention: the scores were not scaled"):
+    with fails("^the scores were not scaled", exercise="tiled_attention"):
         check_tiled_attention(graded(unscaled, "07_attention_at_scale"))
 
 
@@ -195,7 +198,7 @@ def test_weights_kept_outside_the_convolutions_fail_by_their_values(where):
     answer = ConvWithTheWeightsKeptElsewhere
     answer = graded(answer, "04_ffn_layernorm_residual") if where == "graded run" else answer
     match = "is never called" if where == "learner mode" else "does not compute the FFN of those weights"
-    with pytest.raises(AssertionError, match=match):
+    with fails(match):
         check_ffn_as_conv1d(answer)
 
 
@@ -217,7 +220,7 @@ class PointwiseConvolutions(nn.Module):
 def test_the_classes_a_proxy_reports_are_a_note_and_the_convolutions_are_found_by_their_weights(capsys):
     """The class names come from the kernel (a class of the learner's own can give itself any name); the
     points come from the values the 1x1 convolutions compute with the weights the grader puts into them."""
-    with pytest.raises(AssertionError, match="has no nn.Conv1d layer"):
+    with fails("has no nn.Conv1d layer"):
         check_ffn_as_conv1d(PointwiseConvolutions)
     passes_with_a_note(check_ffn_as_conv1d, graded(PointwiseConvolutions, "04_ffn_layernorm_residual"),
                        "has no nn.Conv1d layer", capsys)
@@ -229,18 +232,18 @@ def test_a_linear_layer_kept_beside_the_convolutions_is_a_note_in_a_graded_run(c
             super().__init__(ffn)
             self.ffn = ffn
 
-    with pytest.raises(AssertionError, match="still contains nn.Linear"):
+    with fails("still contains nn.Linear"):
         check_ffn_as_conv1d(KeepsTheFFNUnused)
     passes_with_a_note(check_ffn_as_conv1d, graded(KeepsTheFFNUnused, "04_ffn_layernorm_residual"),
                        "still contains nn.Linear", capsys)
 
 
-@pytest.mark.parametrize("answer, problem", [
-    (conv_returning_the_ffn, "ffn_as_conv1d: "),  # the holder it was given has no forward
-    (conv_with_wide_kernels, "ffn_as_conv1d: "),
+@pytest.mark.parametrize("answer, exercise", [
+    (conv_returning_the_ffn, "ffn_as_conv1d"),  # the holder it was given has no forward
+    (conv_with_wide_kernels, "ffn_as_conv1d"),
 ], ids=["the ffn itself", "wide kernels"])
-def test_what_is_not_a_1x1_convolution_fails_a_graded_run_by_its_values(answer, problem):
-    with pytest.raises(AssertionError, match=problem):
+def test_what_is_not_a_1x1_convolution_fails_a_graded_run_by_its_values(answer, exercise):
+    with fails(exercise=exercise):
         check_ffn_as_conv1d(graded(answer, "04_ffn_layernorm_residual"))
 
 
@@ -255,7 +258,7 @@ def test_the_sublayer_in_the_kernel_is_not_chapter_4s_ffn():
 
 @pytest.mark.parametrize("hidden", [False, True])
 def test_generate_with_wrong_tokens_still_fails_a_graded_run(hidden):
-    with pytest.raises(AssertionError, match="generate: softmax over the wrong axis"):
+    with fails("^softmax over the wrong axis", exercise="generate"):
         check_generate(graded(make_generate(softmax_dim=0), "06_decoder_only"), hidden=hidden)
 
 
@@ -269,13 +272,13 @@ def loaded_and_returned_none(model, checkpoint):
 ])
 def test_what_a_loader_did_to_the_checkpoint_and_returned_is_the_kernels_word_in_a_graded_run(answer, note, capsys):
     """The weights the model holds are read back and judged by the grader; the rest only the kernel can see."""
-    with pytest.raises(AssertionError, match=note):
+    with fails(note):
         check_load_meta_llama(answer)
     passes_with_a_note(check_load_meta_llama, graded(answer, "06_decoder_only"), note, capsys)
 
 
 def test_wrong_weights_still_fail_a_graded_run():
-    with pytest.raises(AssertionError, match="load_meta_llama: the FFN's w1 and w3 are swapped"):
+    with fails("^the FFN's w1 and w3 are swapped", exercise="load_meta_llama"):
         check_load_meta_llama(graded(meta_loader(names=swapped(META_LAYER, "w_gate", "w_up")), "06_decoder_only"))
 
 
@@ -311,5 +314,5 @@ def test_a_model_that_memorises_the_labels_it_was_sent_cannot_learn(where, monke
     monkeypatch.setattr(stand_in_models, "Training", Memorising)
     monkeypatch.setattr(Memoriser, "memory", {})
     answer = graded(Memoriser, "05_transformer") if where == "graded run" else Memoriser
-    with pytest.raises(AssertionError, match=r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):
+    with fails(r"cannot learn: .* it then reversed [0-9] of 64 strings it was never shown"):
         check_transformer(answer)

@@ -18,7 +18,7 @@ from autograde_tests.grading.static_names import StaticNames
 from autograde_tests.remote import lent, wire
 from autograde_tests.remote.proxy import lend
 
-from .conftest import connected, kernel_stand_in
+from .conftest import connected, fails, kernel_stand_in
 from .loopback import Loopback
 from .test_04_ffn_layernorm_residual_checks import CallingTheSublayerTwice
 from .test_06_decoder_only_checks import make_generate
@@ -144,13 +144,13 @@ def test_the_graphs_kept_for_the_kernel_s_backward_passes_are_bounded(monkeypatc
 
 
 def test_a_sublayer_called_twice_fails_a_graded_run_by_the_grader_s_count():
-    with pytest.raises(AssertionError, match="calls the sublayer 2 times"):
+    with fails("calls the sublayer 2 times"):
         check_sublayer_connection(graded(CallingTheSublayerTwice, "04_ffn_layernorm_residual"))
 
 
 @pytest.mark.parametrize("hidden", [False, True])
 def test_generate_without_the_cache_fails_a_graded_run_by_the_grader_s_record(hidden):
-    with pytest.raises(AssertionError, match="use_cache=True but the model was given"):
+    with fails("use_cache=True but the model was given"):
         check_generate(graded(make_generate(use_the_cache=False), "06_decoder_only"), hidden=hidden)
 
 
@@ -162,5 +162,5 @@ def test_replacing_the_kernel_s_copy_of_the_model_changes_nothing_the_grader_rec
         model.lent.forward = lambda idx, cache=None: (torch.zeros(idx.size(0), idx.size(1), 9), cache)
         return make_generate(use_the_cache=False)(model, idx, max_new_tokens, **options)
 
-    with pytest.raises(AssertionError, match="use_cache=True but the model was given"):
+    with fails("use_cache=True but the model was given"):
         check_generate(graded(as_if_cached, "06_decoder_only"))
