@@ -6,7 +6,7 @@ BIN := $(abspath $(VENV))/bin
 export PATH := $(BIN):$(PATH)
 CHAPTERS := $(notdir $(wildcard solutions/[0-9]*))
 
-.PHONY: venv book book-instructor lab lab-instructor proxy a11y hub lint check check-gpu test release grade bench train demo clean
+.PHONY: venv book book-instructor books lab lab-instructor proxy a11y hub lint check check-gpu test release grade bench train demo clean
 
 venv: $(VENV)/.installed
 
@@ -79,11 +79,16 @@ check: venv
 check-gpu: venv
 	$(BIN)/python -m pytest -m cuda -p no:randomly
 
-## The whole suite: the lint and the fast tier first (they fail in minutes), then both editions of the book (their
-## tests read the pages), the hub's proxy and axe-core where npm is (the tests that need them are skipped where it
-## is not), and the slow tiers.
-test: lint check book book-instructor $(if $(shell command -v npm),proxy a11y)
+## The whole suite: the lint first, then the fast tier beside both editions of the book (a build executes the
+## chapters one at a time, on one core: the fast tier takes the other), the hub's proxy and axe-core where npm is
+## (the tests that need them are skipped where it is not), then the slow tiers, which read the built pages.
+test: lint
+	$(MAKE) --no-print-directory --output-sync=target -j2 check books $(if $(shell command -v npm),proxy a11y)
 	$(PYTEST) -m "$(SLOW_TIERS) or cuda"
+
+## Both editions, one after the other: they share the execution cache, so the second executes nothing.
+books: book
+	$(MAKE) --no-print-directory book-instructor
 
 ## Write the solutions' answers from the reference and their metadata as JupyterLab saves it, then regenerate
 ## notebooks/ (the learners' release) with nbgrader.
