@@ -18,7 +18,6 @@ from autograde_tests.reference import (
 from .conftest import assert_close
 from .strategies import batch_sizes, dtypes, generators, head_widths, heads, lengths, seeds
 
-
 # ------------------------------------------------------------------------------------------ masks
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from autograde_tests.checks.harness import default_dtype
 from autograde_tests.reference import (
     DecoderLayer,
     EncoderLayer,
@@ -22,8 +23,6 @@ from autograde_tests.reference import (
     positional_encoding,
     teacher_forcing_loss,
 )
-
-from autograde_tests.checks.harness import default_dtype
 
 from .conftest import assert_close, randomise
 from .strategies import dtypes, head_widths, heads, seeds
@@ -149,7 +148,8 @@ def test_decoder_layer_from_torch_matches_nn_transformer_decoder_layer(s):
 def test_every_attention_in_a_layer_has_biases_like_torchs(layer_class):
     layer = layer_class(8, 2, 16)
     attentions = [m for name, m in layer.named_children() if name.endswith("attn")]
-    assert attentions and all(attention.w_q.bias is not None and attention.w_o.bias is not None for attention in attentions)
+    assert attentions and all(attention.w_q.bias is not None and attention.w_o.bias is not None
+                              for attention in attentions)
 
 
 def test_layer_parameters_have_the_documented_names():
@@ -184,7 +184,8 @@ def embedded(model: Transformer, tokens: torch.Tensor, table: nn.Embedding) -> t
     )
 
 
-def model_from_torch_stacks(encoder, decoder, src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, norm_first, dtype):
+def model_from_torch_stacks(encoder, decoder, src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, norm_first,
+                            dtype):
     """Our Transformer whose layers and final norms are copies of torch's stacks'."""
     model = Transformer(src_vocab, tgt_vocab, d_model, n_heads, n_layers, d_ff, norm_first=norm_first).to(dtype)
     model.encoder_layers = nn.ModuleList(EncoderLayer.from_torch(layer) for layer in encoder.layers)
@@ -312,7 +313,8 @@ def test_outputs_do_not_depend_on_batch_order():
     src, tgt = torch.randint(13, (5, 6)), torch.randint(11, (5, 4))
     src_mask, tgt_mask = padding_mask(torch.tensor([6, 2, 4, 5, 1]), 6), padding_mask(torch.tensor([4, 4, 1, 3, 2]), 4)
     order = torch.tensor([3, 0, 4, 2, 1])
-    assert_close(model(src[order], tgt[order], src_mask[order], tgt_mask[order]), model(src, tgt, src_mask, tgt_mask)[order])
+    assert_close(model(src[order], tgt[order], src_mask[order], tgt_mask[order]),
+                 model(src, tgt, src_mask, tgt_mask)[order])
 
 
 def test_embeddings_are_scaled_by_sqrt_d_model_before_the_positional_encoding_is_added():

@@ -72,7 +72,8 @@ def test_exact_match_counts_whole_sequences(monkeypatch):
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post_ln", "pre_ln"])
 def test_a_few_training_steps_make_the_loss_fall(norm_first):
-    result = training.train(Config(steps=60, eval_every=60, lr=3e-3, warmup=10, norm_first=norm_first, **TINY), progress=False)
+    result = training.train(Config(steps=60, eval_every=60, lr=3e-3, warmup=10, norm_first=norm_first, **TINY),
+                            progress=False)
     losses = result["loss"]  # the mean of each window of ten steps
     assert len(losses) == 6 and result["loss_every"] == 10
     assert losses[-1] < 0.9 * losses[0]
@@ -99,7 +100,8 @@ def test_the_record_holds_what_the_book_plots():
 
 def test_the_command_line_writes_the_record(tmp_path, capsys):
     out = tmp_path / "run.json"
-    training.main(["--steps", "2", "--eval-size", "10", "--eval-every", "2", "--quiet", "--device", "cpu", "--out", str(out)])
+    training.main(["--steps", "2", "--eval-size", "10", "--eval-every", "2", "--quiet", "--device", "cpu",
+                   "--out", str(out)])
     record = json.loads(out.read_text())
     assert record["config"]["steps"] == 2 and record["config"]["norm_first"] is False
     assert "Post-LN, reverse: exact match" in capsys.readouterr().out

@@ -127,4 +127,5 @@ def test_the_loading_mistakes_differ_from_each_other_on_the_visible_cases(mistak
     results = [[m.compute(*args) for args in cases] for m in mistakes]
     for a in range(len(mistakes)):
         for b in range(a + 1, len(mistakes)):
-            assert any(differs(x, y) for x, y in zip(results[a], results[b])), (mistakes[a].problem, mistakes[b].problem)
+            assert any(differs(x, y) for x, y in zip(results[a], results[b])), \
+                (mistakes[a].problem, mistakes[b].problem)

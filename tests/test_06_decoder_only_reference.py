@@ -17,8 +17,16 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.models.llama import modeling_llama
 
-from autograde_tests.reference import (GPT, DecoderBlock, RMSNorm, apply_rotary, generate, load_hf_llama,
-                                        load_meta_llama, lm_loss)
+from autograde_tests.reference import (
+    GPT,
+    DecoderBlock,
+    RMSNorm,
+    apply_rotary,
+    generate,
+    lm_loss,
+    load_hf_llama,
+    load_meta_llama,
+)
 from autograde_tests.reference.decoder_only import interleaved_to_half_split
 
 from .conftest import assert_close, randomise
@@ -32,7 +40,8 @@ VOCAB, D_MODEL, N_HEADS, N_LAYERS, D_FF = 13, 16, 4, 2, 24
 def llama(dtype: torch.dtype, seed: int, n_kv_heads: int = N_HEADS, tied: bool = False) -> LlamaForCausalLM:
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=D_MODEL, intermediate_size=D_FF, num_hidden_layers=N_LAYERS,
                          num_attention_heads=N_HEADS, num_key_value_heads=n_kv_heads, rms_norm_eps=1e-6,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tied, attn_implementation="sdpa")
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=tied,
+                         attn_implementation="sdpa")
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(dtype).eval()
     with torch.no_grad():  # norms away from their starting ones, so a misplaced norm shows
@@ -58,7 +67,8 @@ def llama_in_float64(monkeypatch):
 
     def rotary(self, x, position_ids):
         half = self.inv_freq.numel()
-        inv_freq = self.config.rope_parameters["rope_theta"] ** (-torch.arange(half, dtype=torch.float64) * 2 / (2 * half))
+        inv_freq = self.config.rope_parameters["rope_theta"] ** (
+            -torch.arange(half, dtype=torch.float64) * 2 / (2 * half))
         freqs = position_ids[..., None].to(torch.float64) * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -168,7 +178,8 @@ def test_grouped_query_attention_equals_multi_head_with_each_kv_head_copied_to_i
     full = DecoderBlock(D_MODEL, N_HEADS, D_FF).double()
     state = grouped.state_dict()
     for key in ("w_k.weight", "w_v.weight"):  # (h_kv · d_k, d_model) -> (h · d_k, d_model), head j from KV head j // 2
-        state[key] = state[key].view(2, D_MODEL // N_HEADS, D_MODEL).repeat_interleave(2, dim=0).reshape(D_MODEL, D_MODEL)
+        state[key] = (state[key].view(2, D_MODEL // N_HEADS, D_MODEL).repeat_interleave(2, dim=0)
+                      .reshape(D_MODEL, D_MODEL))
     full.load_state_dict(state)
     x = torch.randn(3, 6, D_MODEL, dtype=torch.float64)
     assert_close(grouped(x, torch.arange(6))[0], full(x, torch.arange(6))[0])
@@ -247,9 +258,9 @@ def test_top_p_keeps_the_most_likely_token_even_when_it_alone_passes_p():
 
 HF_TO_META = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output",
               "input_layernorm": "attention_norm", "post_attention_layernorm": "ffn_norm",
-              "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk", "self_attn.v_proj": "attention.wv",
-              "self_attn.o_proj": "attention.wo", "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3",
-              "mlp.down_proj": "feed_forward.w2"}
+              "self_attn.q_proj": "attention.wq", "self_attn.k_proj": "attention.wk",
+              "self_attn.v_proj": "attention.wv", "self_attn.o_proj": "attention.wo",
+              "mlp.gate_proj": "feed_forward.w1", "mlp.up_proj": "feed_forward.w3", "mlp.down_proj": "feed_forward.w2"}
 
 
 def lively(model: LlamaForCausalLM, seed: int) -> LlamaForCausalLM:

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograde_tests.reference.tokens import train_bpe
-
 from autograde_tests.authoring import lm_training
 from autograde_tests.authoring.lm_training import Config
+from autograde_tests.reference.tokens import train_bpe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,7 +114,8 @@ def test_the_cached_runs_bits_per_byte_follow_from_their_held_out_losses():
     held_out = lm_training.split(text)[1]
     characters, bpe = (json.loads(path.read_text()) for path in (CACHED_RUN, CACHED_BPE_RUN))
     # One token per character, and the text is ASCII: the held-out split's characters are its bytes.
-    assert characters["held_out_tokens"] == len(held_out) == len(held_out.encode("utf-8")) == characters["held_out_bytes"]
+    assert (characters["held_out_tokens"] == len(held_out) == len(held_out.encode("utf-8"))
+            == characters["held_out_bytes"])
     for run in (characters, bpe):
         assert run["held_out_bytes"] == len(held_out.encode("utf-8"))
         assert run["bits_per_byte"] == round(

@@ -56,7 +56,8 @@ def test_tiled_attention_matches_torch_sdpa(inputs, causal):
 
 @pytest.mark.parametrize("m, n", [(5, 9), (9, 5), (7, 7)])
 def test_causal_means_the_course_causal_mask_cut_to_m_by_n(m, n):
-    q, k, v = torch.randn(2, m, 4, dtype=torch.float64), torch.randn(2, n, 4, dtype=torch.float64), torch.randn(2, n, 3, dtype=torch.float64)
+    q, k, v = (torch.randn(2, m, 4, dtype=torch.float64), torch.randn(2, n, 4, dtype=torch.float64),
+               torch.randn(2, n, 3, dtype=torch.float64))
     mask = causal_mask(max(m, n))[:m, :n]  # query i sees keys 0 .. i
     assert_close(tiled_attention(q, k, v, 2, 3, causal=True), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
@@ -70,7 +71,8 @@ def test_queries_with_no_key_get_a_zero_output_like_torch():
 
 
 def test_tiled_attention_is_exact_when_one_tile_holds_everything():
-    q, k, v = torch.randn(3, 6, 8, dtype=torch.float64), torch.randn(3, 10, 8, dtype=torch.float64), torch.randn(3, 10, 2, dtype=torch.float64)
+    q, k, v = (torch.randn(3, 6, 8, dtype=torch.float64), torch.randn(3, 10, 8, dtype=torch.float64),
+               torch.randn(3, 10, 2, dtype=torch.float64))
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
     assert_close(tiled_attention(q, k, v, 64, 64), weights @ v)
 

@@ -88,15 +88,16 @@ CUT_OFF = """() => {
   const held = (el, top = column) => { for (let a = el.parentElement; a && a !== top; a = a.parentElement)
                                         if (scrolls(a) || clips(a)) return true; return false; };
   const overflows = el => { const r = el.getBoundingClientRect();
-    return [...el.querySelectorAll("*")].filter(d => shown(d) && !held(d, el)).some(d => { const e = d.getBoundingClientRect();
-      return e.right > r.right + 2 || e.left < r.left - 2; }); };
+    return [...el.querySelectorAll("*")].filter(d => shown(d) && !held(d, el))
+      .some(d => { const e = d.getBoundingClientRect(); return e.right > r.right + 2 || e.left < r.left - 2; }); };
   const cue = el => el.offsetHeight - el.clientHeight - parseFloat(style(el).borderTopWidth)
                       - parseFloat(style(el).borderBottomWidth) > 0 || style(el).backgroundImage !== "none";
   const found = [];
   for (const el of column.querySelectorAll("*")) {
     if (!shown(el)) continue;
     const r = el.getBoundingClientRect();
-    if ((r.right > edge.right + 1 || r.left < edge.left - 1) && !held(el)) found.push("wider than the column: " + name(el));
+    if ((r.right > edge.right + 1 || r.left < edge.left - 1) && !held(el))
+      found.push("wider than the column: " + name(el));
     else if (scrolls(el) && !cue(el) && overflows(el)) found.push("scrolls with no visible cue: " + name(el));
     else if (clips(el) && el.textContent.trim() && overflows(el)) found.push("clips its content: " + name(el));
   }

@@ -33,8 +33,8 @@ def test_bench_smoke_run_writes_every_figure(tmp_path):
 def test_the_bpe_figure_alone_is_written_after_the_figures_numbered_below_ten(tmp_path):
     out = tmp_path / "benchmarks.md"
     out.write_text(OLD_PAGE)
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "10", "--out", str(out)],
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "10",
+                          "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert list(kept_sections(out)) == ["1", "3", "10"]  # in the order of their numbers, not of their names
     rows = "\n".join(kept_sections(out)["10"])
@@ -44,8 +44,8 @@ def test_the_bpe_figure_alone_is_written_after_the_figures_numbered_below_ten(tm
 
 def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data(tmp_path):
     out = tmp_path / "benchmarks.md"
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "7", "--out", str(out)],
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "7",
+                          "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     assert list(kept_sections(out)) == ["7"]
     data = json.loads((tmp_path / "_static" / "07_attention_at_scale" / "scale.json").read_text())
@@ -58,7 +58,8 @@ def test_attention_at_scale_figure_alone_writes_its_table_and_the_chapter_s_data
 
 
 def test_bench_refuses_fewer_than_three_repeats():
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--repeats", "2"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--repeats", "2"],
+                         capture_output=True, text=True)
     assert run.returncode == 2 and "at least 3" in run.stderr
 
 
@@ -90,8 +91,8 @@ OLD_PAGE = """Measured on 2026-11-30 at commit `6025c2c`, medians of 3 runs, on:
 def test_figures_measured_again_replace_only_themselves(tmp_path):
     out = tmp_path / "benchmarks.md"
     out.write_text(OLD_PAGE)
-    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "3", "--out", str(out)],
-                         capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "autograde_tests.authoring.bench", "--smoke", "--figures", "3",
+                          "--out", str(out)], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     sections = kept_sections(out)
     assert list(sections) == ["1", "3"]

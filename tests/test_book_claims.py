@@ -538,7 +538,8 @@ def test_chapter_7_quotes_the_sdpa_priority_order_of_the_pinned_torch():
     sentence = re.search(r"In torch (\d+\.\d+) the order is (.*?), as the private", page("07_attention_at_scale"))
     assert sentence, "chapter 7 no longer states the order of F.scaled_dot_product_attention's kernels"
     version, order = sentence.groups()
-    assert torch.__version__.startswith(version + "."), f"the page quotes torch {version}, the pin is {torch.__version__}"
+    assert torch.__version__.startswith(version + "."), \
+        f"the page quotes torch {version}, the pin is {torch.__version__}"
     names = {"FlashAttention-2": SDPBackend.FLASH_ATTENTION, "memory-efficient": SDPBackend.EFFICIENT_ATTENTION,
              '"math"': SDPBackend.MATH, "cuDNN": SDPBackend.CUDNN_ATTENTION}
     quoted = sorted(names, key=lambda name: order.index(name))
@@ -746,7 +747,8 @@ def test_reference_is_listed_and_cited_where_it_is_used(author, year):
 def test_references_name_the_bench_figure_chapter_7_draws():
     """references.md and chapter 7 name the same `make bench` figure, the one that writes scale.json."""
     figure = re.search(r'make bench ARGS="--figures (\d)"', page("07_attention_at_scale")).group(1)
-    assert f'chapter 07\'s plots of time and memory draw the run that `make bench ARGS="--figures {figure}"`' in page("references")
+    assert (f'chapter 07\'s plots of time and memory draw the run that '
+            f'`make bench ARGS="--figures {figure}"`') in page("references")
     assert re.search(rf"^Figure {figure}: attention at scale", (BOOK / "benchmarks.md").read_text(), re.MULTILINE)
 
 

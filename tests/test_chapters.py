@@ -33,7 +33,8 @@ def test_each_typical_mistake_edits_its_solution_cell(chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.id)
 def test_each_test_cell_calls_the_tables_checks_in_order(chapter):
     notebook = nbformat.read(REPO / "solutions" / chapter.id / f"{chapter.id}.ipynb", as_version=4)
-    called = [name for cell in notebook.cells if cell.cell_type == "code" for name in IMPORTED_CHECK.findall(cell.source)]
+    called = [name for cell in notebook.cells if cell.cell_type == "code"
+              for name in IMPORTED_CHECK.findall(cell.source)]
     assert tuple(called) == chapter.checks
 
 

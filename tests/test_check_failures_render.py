@@ -33,7 +33,8 @@ def failures(tmp_path_factory) -> dict[str, nbformat.NotebookNode]:
              "check_merge_heads(merge_heads)"]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     folder = tmp_path_factory.mktemp("notebook")
-    NotebookClient(notebook, kernel_name="python3", allow_errors=True, resources={"metadata": {"path": str(folder)}}).execute()
+    NotebookClient(notebook, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(folder)}}).execute()
     errors = [[o for o in cell.outputs if o.output_type == "error"] for cell in notebook.cells]
     return dict(zip(CASES, [e[0] for e in errors if e]))
 
@@ -122,6 +123,7 @@ def test_nbgrader_validate_shows_the_message_without_the_checks_frames(tmp_path)
     notebook = wrong(nbformat.read(REPO / "notebooks" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4))
     path = tmp_path / f"{CHAPTER}.ipynb"
     nbformat.write(notebook, path)
-    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(path)], capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run([sys.executable, "-m", "nbgrader", "validate", str(path)], capture_output=True, text=True,
+                         cwd=tmp_path)
     assert "AssertionError: softmax: normalises over dim 0" in run.stdout and "Hint: " in run.stdout, run.stdout
     assert "harness.py" not in run.stdout and "checks/attention.py" not in run.stdout, run.stdout

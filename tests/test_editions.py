@@ -88,7 +88,8 @@ def leaks(folder: Path) -> list[str]:
         raw = path.read_text(errors="replace")
         found += [f"{path.relative_to(folder)}: nbgrader marker {m!r}" for m in MARKERS if m in raw]
         text = searchable(path)
-        found += [f"{path.relative_to(folder)}: {name}" for name, lines in solutions.items() if contains_in_order(text, lines)]
+        found += [f"{path.relative_to(folder)}: {name}" for name, lines in solutions.items()
+                  if contains_in_order(text, lines)]
     return found
 
 

@@ -47,7 +47,8 @@ def test_every_promised_time_is_kept_where_make_bench_measured_it():
     """Each promise of the notebooks is a row of figure 8, and the median measured there is under it."""
     measured = figure_8()
     promised = {f"{chapter}'s explore cell switched on (`RUN = True`): CPU seconds":
-                int(bench.PROMISE.search(notebook_cells(chapter)[index - 1].source).group(1)) for chapter, index in EXPLORE}
+                int(bench.PROMISE.search(notebook_cells(chapter)[index - 1].source).group(1))
+                for chapter, index in EXPLORE}
     steps, seconds = bench.learn_check_promise()
     promised[f"05_transformer's check that your Transformer can learn, all {steps} steps: CPU seconds"] = seconds
     assert {what: promise for what, (_, promise) in measured.items()} == promised

@@ -136,16 +136,19 @@ def test_a_failing_check_reads_well_in_jupyterlab(lab):
         page.goto(f"{base}lab/workspaces/failing/tree/failing.ipynb?reset&token={TOKEN}")
         page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120000)
         page.evaluate(RUN_ALL)
-        page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre').wait_for(timeout=120000)
+        stderr = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"] pre'
+        page.locator(stderr).wait_for(timeout=120000)
         shown = page.evaluate(SHOWN)
     finally:
         page.close()
     lines = shown["text"].rstrip("\n").split("\n")
     defined = shown["counts"][1]
-    assert lines[:3] == ["Traceback of your code (most recent call last):", f"  Cell In[{defined}], line 3, in merge_heads",
+    assert lines[:3] == ["Traceback of your code (most recent call last):",
+                         f"  Cell In[{defined}], line 3, in merge_heads",
                          "    return x.transpose(1, 2).view(B, T, h * d_k)"], lines
     assert lines[3].startswith("AssertionError: merge_heads: raised RuntimeError: view size is not compatible"), lines
-    assert any(line.startswith("  when called with (") for line in lines) and any(line.startswith("Hint: ") for line in lines)
+    assert (any(line.startswith("  when called with (") for line in lines)
+            and any(line.startswith("Hint: ") for line in lines))
     assert max(len(line) for line in lines) <= WIDTH < shown["columns"], (shown["columns"], lines)
     # Each line on one line of the screen: JupyterLab broke none of them, inside a word or anywhere else.
     assert shown["visualLines"] == len(lines), (shown, lines)

@@ -45,7 +45,8 @@ def test_shapes_aliasing_parameters_grad_and_meta_survive():
 
 @given(st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    lambda inner: (st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                   | st.dictionaries(st.text(max_size=5), inner, max_size=4)),
     max_leaves=20))
 def test_plain_values_come_back_as_they_were(value):
     assert from_kernel(value) == value

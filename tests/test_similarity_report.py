@@ -79,7 +79,8 @@ def test_the_report_lists_exactly_the_copies(released, tmp_path):
     scratch_course.submit(root, "frank", CHAPTER, release)  # the release as it is
     exercises = list(similarity.answer_cells(release, release))
     solution = f"the course's solution (solutions/{CHAPTER})"
-    assert pairs_of(root) == {(e, who, other) for e in exercises for who, other in (("alice", "bob"), ("carol", solution))}
+    assert pairs_of(root) == {(e, who, other) for e in exercises
+                              for who, other in (("alice", "bob"), ("carol", solution))}
     section = "\n".join(similarity.write_reports(root, [CHAPTER], limits.SIMILARITY_THRESHOLD, None))
     page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
     for text in (section, page):  # it informs: "similar", never a verdict
@@ -122,8 +123,9 @@ def test_a_learners_text_never_breaks_the_page(released, tmp_path):
     page = (root / "reports" / f"similarity_{CHAPTER}.html").read_text()
     tags = _Tags()
     tags.feed(page)
-    assert {tag for tag, _ in tags.tags} <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "table",
-                                             "tr", "th", "td", "a", "section", "div", "pre", "mark", "details", "summary"}
+    assert {tag for tag, _ in tags.tags} <= {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p",
+                                             "table", "tr", "th", "td", "a", "section", "div", "pre", "mark",
+                                             "details", "summary"}
     assert all(name != "onmouseover" for _, attrs in tags.tags for name, _ in attrs)
     assert "&lt;script&gt;" in page and "&lt;b onmouseover=alert(1)&gt;" in page
     assert any("bob\\|x" in line for line in lines), lines  # the class report's table keeps its columns

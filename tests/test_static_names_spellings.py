@@ -26,12 +26,13 @@ def softmax_reached(*cells: str) -> list[str]:
         ["def softmax(x, dim=-1):\n    return getattr(F, f\"{'soft'}max\")(x, dim)"],
         ["def softmax(x, dim=-1):\n    return getattr(torch, ''.join(['soft', 'max']))(x, dim)"],
         ["def softmax(x, dim=-1):\n    return vars(torch)['soft' + 'max'](x, dim)"],
-        ["class Mine:\n    def softmax(self, x):\n        return x", "def softmax(x, dim=-1):\n    return F.softmax(x, dim)"],
+        ["class Mine:\n    def softmax(self, x):\n        return x",
+         "def softmax(x, dim=-1):\n    return F.softmax(x, dim)"],
         ["class Mine:\n    def softmax(self, x):\n        return x",
          "def softmax(x, dim=-1):\n    return torch.nn.functional.softmax(x, dim)"],
     ],
-    ids=["nn.Softmax", "imported-nn", "imported-class", "torch.special", "log_softmax", "getattr-sum", "getattr-fstring",
-         "getattr-join", "vars-sum", "own-method-beside-F", "own-method-beside-dotted"],
+    ids=["nn.Softmax", "imported-nn", "imported-class", "torch.special", "log_softmax", "getattr-sum",
+         "getattr-fstring", "getattr-join", "vars-sum", "own-method-beside-F", "own-method-beside-dotted"],
 )
 def test_every_spelling_the_source_shows_is_seen(cells):
     assert softmax_reached(*cells)
@@ -42,7 +43,8 @@ def test_every_spelling_the_source_shows_is_seen(cells):
     [
         ["class Normaliser:\n    def softmax(self, x):\n        return x.exp() / x.exp().sum()",
          "def softmax(x, dim=-1):\n    return Normaliser().softmax(x)"],
-        ["def softmax(x, dim=-1):\n    name = 'soft' + 'max'\n    print(name)\n    return x.exp() / x.exp().sum(dim, True)"],
+        ["def softmax(x, dim=-1):\n    name = 'soft' + 'max'\n    print(name)\n"
+         "    return x.exp() / x.exp().sum(dim, True)"],
         ["def softmax(x, dim=-1):\n    e = torch.exp(x - x.amax(dim, keepdim=True))\n    return e / e.sum(dim, True)"],
     ],
     ids=["own-method", "a-string-that-names-nothing", "by-hand"],

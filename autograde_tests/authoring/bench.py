@@ -130,8 +130,8 @@ def class_grading(repeats: int, students: int, class_size: int, warm: bool = Tru
 
     seconds = {f"--jobs {jobs}": median_seconds(lambda: grade("--jobs", str(jobs)), repeats) for jobs in (1, 2)}
     env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]}
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0", env=env) as cluster, \
-            Client(cluster):
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0",
+                      env=env) as cluster, Client(cluster):
         if warm:  # the workers load torch and nbgrader once, as a standing cluster has
             grade("--scheduler", cluster.scheduler_address)
         dask = median_seconds(lambda: grade("--scheduler", cluster.scheduler_address), repeats)
@@ -222,7 +222,8 @@ def reference_vs_torch(repeats: int, batch: int, length: int, d_model: int, leng
         for what, run_ours, run_theirs in pairs:
             run_ours(), run_theirs()  # warm-up
             mine, torchs = median_seconds(run_ours, repeats, sync), median_seconds(run_theirs, repeats, sync)
-            rows.append(Row(f"{what}, forward+backward, B={batch}, T={length}, d_model={d_model}, h={n_heads} ({device.type})",
+            rows.append(Row(f"{what}, forward+backward, B={batch}, T={length}, d_model={d_model}, h={n_heads} "
+                            f"({device.type})",
                             f"{mine * 1e3:.1f} ms", f"{torchs * 1e3:.1f} ms", f"{mine / torchs:.2f}×"))
         previous = None
         for n in lengths:
@@ -233,8 +234,8 @@ def reference_vs_torch(repeats: int, batch: int, length: int, d_model: int, leng
             # the (n, n) score matrix makes time grow as n²: 4× per doubling once the matmuls dominate
             growth = f" ({ours_s / previous[1]:.1f}× the time at {previous[0]})" if previous else ""
             rows.append(Row(f"attention forward, h={n_heads}, d_k=64, sequence length {n} ({device.type})",
-                            f"{ours_s * 1e3:.2f} ms{growth}", f"{fused * 1e3:.2f} ms (`F.scaled_dot_product_attention`)",
-                            f"{ours_s / fused:.2f}×"))
+                            f"{ours_s * 1e3:.2f} ms{growth}",
+                            f"{fused * 1e3:.2f} ms (`F.scaled_dot_product_attention`)", f"{ours_s / fused:.2f}×"))
             previous = (n, ours_s)
     return rows
 
@@ -276,8 +277,8 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
     chapter's figures."""
     import json
 
-    from . import lm_training
     from ..reference.decoder_only import GPT, generate
+    from . import lm_training
 
     config = lm_training.Config()
     with one_thread():  # as the training command does by default
@@ -286,8 +287,9 @@ def generation(repeats: int, lengths: list[int], speeds: Path | None) -> list[Ro
         prompt = torch.randint(96, (1, 8))
         rows, found = [], []
         for n in lengths:
-            cached, uncached = (median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
-                                for c in (True, False))
+            cached, uncached = (
+                median_seconds(lambda c=c: generate(model, prompt, n, temperature=0, use_cache=c), repeats)
+                for c in (True, False))
             found.append({"tokens": n, "cached": round(n / cached, 1), "uncached": round(n / uncached, 1)})
             rows.append(Row(f"`generate`, {n} tokens, greedy, d_model={config.d_model}, {config.n_layers} blocks (cpu)",
                             f"{n / cached:.0f} tokens/s with the cache", f"{n / uncached:.0f} tokens/s without",
@@ -331,7 +333,8 @@ def builds(repeats: int, smoke: bool) -> list[Row]:
         run = subprocess.run(["make", *targets], cwd=REPO, capture_output=True, text=True)
         outputs.append(run.stdout)
         if run.returncode != 0:
-            failed = f"bench: `make {' '.join(targets)}` failed (exit {run.returncode}):\n{run.stdout[-3000:]}{run.stderr[-2000:]}"
+            failed = (f"bench: `make {' '.join(targets)}` failed (exit {run.returncode}):\n"
+                      f"{run.stdout[-3000:]}{run.stderr[-2000:]}")
             if targets != ("test",):
                 sys.exit(failed)
             print(failed, file=sys.stderr, flush=True)  # still timed; the table shows pytest's failure count
@@ -344,7 +347,8 @@ def builds(repeats: int, smoke: bool) -> list[Row]:
         shutil.rmtree(REPO / "_build", ignore_errors=True)
         make("book")
 
-    rows = [Row("`make book`, cold (no _build/: every chapter executes)", f"{median_seconds(cold, repeats):.0f} s"), warm]
+    rows = [Row("`make book`, cold (no _build/: every chapter executes)", f"{median_seconds(cold, repeats):.0f} s"),
+            warm]
     seconds = median_seconds(lambda: make("test"), repeats)
     return rows + [Row("`make test` (both editions of the book, then pytest)",
                        f"{seconds:.0f} s ({pytest_summary(outputs[-1])})")]
@@ -397,8 +401,8 @@ def peak_bytes(run: Callable[[], object], device: torch.device) -> int:
 def attention_at_scale(repeats: int, lengths: list[int], blocks: list[int], heads: int, data: Path) -> list[Row]:
     """Forward attention, one sequence of ``heads`` heads, d_k = 64, on one CPU thread: the course's attention
     (chapter 1, the (T, T) weights included), tiled attention (chapter 7) with several block sizes, and
-    PyTorch's fused attention; time and peak memory of the tensors each creates, at every T. Writes ``data`` (JSON) for the
-    chapter's figure."""
+    PyTorch's fused attention; time and peak memory of the tensors each creates, at every T. Writes ``data``
+    (JSON) for the chapter's figure."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     rows, measured = [], []
     # One thread: a growth rate is the point of the figure, and a second thread on a shared 2-core machine
@@ -458,10 +462,12 @@ def switched_on(chapter: str, index: int) -> tuple[nbformat.NotebookNode, int]:
     notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
     promise = PROMISE.search(notebook.cells[index - 1].source)
     if not promise:
-        raise ValueError(f"{chapter}: the text before cell {index} promises no time as 'under N seconds on one CPU core'")
+        raise ValueError(f"{chapter}: the text before cell {index} promises no time as "
+                         "'under N seconds on one CPU core'")
     explore = notebook.cells[index]
     explore.source = explore.source.replace(SWITCH, "RUN = True")
-    kept = [c for c in notebook.cells[:index] if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("grade")]
+    kept = [c for c in notebook.cells[:index]
+            if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("grade")]
     notebook.cells = [*kept, nbformat.v4.new_code_cell("import time\n_started = time.process_time()"), explore,
                       nbformat.v4.new_code_cell("print(time.process_time() - _started)")]
     NotebookClient(notebook, kernel_name="python3", timeout=600,
@@ -570,8 +576,9 @@ def byte_pair_encoding(repeats: int, chars: int | None, vocab_sizes: list[int], 
             return hugging_face.encode(text).ids
 
         ours = median_seconds(lambda: encode(text, merges), repeats)
-        for against, seconds in (("tiktoken's `encode`, the same merges", median_seconds(lambda: tiktokens.encode(text), repeats)),
-                                 ("`tokenizers`' `encode`, its own merges", median_seconds(hugging_face_encode, repeats))):
+        for against, seconds in (
+                ("tiktoken's `encode`, the same merges", median_seconds(lambda: tiktokens.encode(text), repeats)),
+                ("`tokenizers`' `encode`, its own merges", median_seconds(hugging_face_encode, repeats))):
             rows.append(Row(f"`encode`, {what}, vocabulary of {vocab_size}", f"{ours:.3g} s",
                             f"{seconds:.3g} s ({against})", f"{ours / seconds:.1f}×"))
     head = text[:educational_chars]
@@ -587,7 +594,8 @@ def byte_pair_encoding(repeats: int, chars: int | None, vocab_sizes: list[int], 
 
 
 def table(title: str, rows: list[Row], measured: str) -> list[str]:
-    lines = [f"## {title}", "", f"_{measured}._", "", "| measured | median | against | ratio |", "| --- | --- | --- | --- |"]
+    lines = [f"## {title}", "", f"_{measured}._", "",
+             "| measured | median | against | ratio |", "| --- | --- | --- | --- |"]
     lines += [f"| {r.what} | {r.value} | {r.against} | {r.ratio} |" for r in rows]
     return lines + [""]
 
@@ -661,9 +669,11 @@ def header() -> list[str]:
 
 
 def measured(repeats: int, smoke: bool) -> str:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    return (f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, medians of {repeats} runs"
-            f"{' (smoke run: tiny sizes)' if smoke else ''}, on {machine()[0].removeprefix('- CPU: ')}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    return (f"Measured on {datetime.date.today()}{f' at commit `{commit}`' if commit else ''}, "
+            f"medians of {repeats} runs{' (smoke run: tiny sizes)' if smoke else ''}, "
+            f"on {machine()[0].removeprefix('- CPU: ')}")
 
 
 if __name__ == "__main__":

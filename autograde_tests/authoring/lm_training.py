@@ -259,10 +259,12 @@ def record(model: GPT, vocab: Characters | BytePairs, config: Config, device, lo
 
 def main(argv: list[str] | None = None) -> dict:
     defaults = Config()
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.lm_training", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.lm_training",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", choices=["characters", "bpe"], default=defaults.tokens,
                         help="one token per character (default), or chapter 8's byte-level BPE")
-    parser.add_argument("--vocab-size", type=int, default=512, help="with --tokens bpe: 256 bytes + the merges (default 512)")
+    parser.add_argument("--vocab-size", type=int, default=512,
+                        help="with --tokens bpe: 256 bytes + the merges (default 512)")
     parser.add_argument("--steps", type=int, default=defaults.steps)
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--lr", type=float, default=defaults.lr)

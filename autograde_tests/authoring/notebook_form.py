@@ -23,7 +23,8 @@ def in_saved_form(notebook: nbformat.NotebookNode) -> bool:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.notebook_form", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.notebook_form",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd())
     args = parser.parse_args(argv)
     for path in sorted(args.course.glob("solutions/[0-9]*/*.ipynb")):

@@ -35,7 +35,8 @@ def parameters(definition: ast.FunctionDef) -> str:
     plain = [ast.arg(arg=a.arg) for a in (*args.posonlyargs, *args.args)]
     keywords = [ast.arg(arg=a.arg) for a in args.kwonlyargs]
     return "(" + ast.unparse(ast.arguments(posonlyargs=[], args=plain, vararg=args.vararg, kwonlyargs=keywords,
-                                           kw_defaults=args.kw_defaults, kwarg=args.kwarg, defaults=args.defaults)) + ")"
+                                           kw_defaults=args.kw_defaults, kwarg=args.kwarg,
+                                           defaults=args.defaults)) + ")"
 
 
 def signature_mismatches(source: str, module) -> list[str]:
@@ -91,7 +92,8 @@ def solution_notebooks(root: Path) -> list[Path]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.solution_regions", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.solution_regions",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--course", type=Path, default=Path.cwd())
     parser.add_argument("--check", action="store_true", help="report the regions that differ; change nothing")
     args = parser.parse_args(argv)

@@ -8,7 +8,8 @@ Run it from the repository's root (``make train`` runs both placements and write
     python -m autograde_tests.authoring.training                       # Post-LN, about three minutes on one CPU core
     python -m autograde_tests.authoring.training --norm-first          # the same model with Pre-LN
     python -m autograde_tests.authoring.training --steps 300 --out /tmp/run.json
-    python -m autograde_tests.authoring.training --schedule paper --label-smoothing 0.1 --dropout 0.1   # the paper's recipe
+    # the paper's recipe:
+    python -m autograde_tests.authoring.training --schedule paper --label-smoothing 0.1 --dropout 0.1
 
 Seeded and reproducible on one machine; it runs on a GPU unchanged when PyTorch sees one.
 """
@@ -277,7 +278,8 @@ def windows(values: list, size: int) -> list[list]:
 
 def main(argv: list[str] | None = None) -> dict:
     defaults = Config()
-    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.training", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autograde_tests.authoring.training",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--task", choices=["reverse", "sort"], default=defaults.task)
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of the paper's Post-LN")
     parser.add_argument("--steps", type=int, default=defaults.steps)

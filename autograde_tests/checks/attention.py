@@ -11,8 +11,8 @@ import torch
 
 from ..reference import attention as ref
 from .harness import (
-    SeededRandom,
     Mistake,
+    SeededRandom,
     call,
     candidates,
     close,

@@ -24,12 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from ..reference import attention_at_scale as ref
-from ..remote.proxy import type_name
+from ..remote.proxy import run_in_kernel, type_name
 from .attention import FORBIDDEN
-from .in_kernel import watched
 from .harness import (
-    SeededRandom,
     Mistake,
+    SeededRandom,
     candidates,
     close,
     edited,
@@ -38,12 +37,12 @@ from .harness import (
     learner_step,
     matching_mistake,
     name_the_mistake,
-    run_in_kernel,
     run_cases,
     seed_for,
     strict_numerics,
 )
 from .how import expect_device_agnostic, forbid_built_ins, kernel_reported
+from .in_kernel import watched
 
 
 def _watch(name: str, fn, args: tuple, kwargs: dict | None = None, read_once: bool = False) -> dict:

@@ -17,28 +17,28 @@ import torch
 from ..reference import attention_variants as ref
 from ..reference.attention import scaled_dot_product_attention
 from ..reference.multi_head_attention import MultiHeadAttention
+from ..remote.proxy import is_module, type_name
+from .attention import UNIFORM_WHEN_ALL_MASKED
 from .harness import (
+    ON_A_FIXED_DEVICE,
+    ChangedInput,
+    Mistake,
+    OnAFixedDevice,
+    SeededRandom,
     call,
     candidates,
-    ChangedInput,
     close,
     construct,
     copy_weights,
     edited,
     expect_tensor,
     fail,
-    Mistake,
     name_the_mistake,
-    ON_A_FIXED_DEVICE,
-    OnAFixedDevice,
     randomise,
     run_cases,
     seed_for,
-    SeededRandom,
     strict_numerics,
 )
-from ..remote.proxy import is_module, type_name
-from .attention import UNIFORM_WHEN_ALL_MASKED
 from .how import expect_device_agnostic, kernel_reported
 
 FIXED_DEVICE = "create it with device=... (the device argument, or the device of the inputs)."

@@ -18,18 +18,18 @@ from ..remote.proxy import is_a, is_module, lend, make_in_kernel, run_in_kernel,
 from . import in_kernel, stand_in_models
 from .harness import (
     DROPOUT_IN_EVAL,
-    SeededRandom,
     Mistake,
+    SeededRandom,
     call,
     candidates,
     close,
     construct,
     copy_weights,
+    devices_and_dtypes,
     edited,
+    error_text,
     expect_tensor,
     fail,
-    devices_and_dtypes,
-    error_text,
     largest_error,
     learner_step,
     name_the_mistake,
@@ -40,6 +40,7 @@ from .harness import (
     strict_numerics,
 )
 from .how import expect_device_agnostic, kernel_reported
+
 
 def _expect_deterministic(name: str, first: torch.Tensor, again: Callable[[], torch.Tensor]) -> None:
     if not close(again(), first):
@@ -103,7 +104,8 @@ def _ffn_drawn(name, case: FeedForwardCase, hidden: bool, i: int) -> tuple[ref.P
 
 
 def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = False) -> None:
-    """Check a learner's ``PositionwiseFeedForward(d_model, d_ff, dropout=0.0)``; raise AssertionError naming the mistake."""
+    """Check a learner's ``PositionwiseFeedForward(d_model, d_ff, dropout=0.0)``; raise AssertionError naming the
+    mistake."""
     name = "PositionwiseFeedForward"
     cases = HIDDEN_FFN if hidden else VISIBLE_FFN
 
@@ -120,7 +122,8 @@ def check_positionwise_feed_forward(PositionwiseFeedForward, hidden: bool = Fals
             name_the_mistake(name, "the output", out, expected, candidates(FFN_MISTAKES, reference, x64))
 
     with strict_numerics():
-        _expect_position_wise(name, PositionwiseFeedForward, cases[0], SeededRandom(seed_for(name, hidden, "position-wise")))
+        _expect_position_wise(name, PositionwiseFeedForward, cases[0],
+                              SeededRandom(seed_for(name, hidden, "position-wise")))
         run_cases(name, cases, check_case)
 
 
@@ -293,10 +296,12 @@ def check_ffn_as_conv1d(ffn_as_conv1d, hidden: bool = False) -> None:
         _expect_convolutions_do_the_work(name, conv, x)
         out = output_like_input(name, conv, x).detach()
         if not close(out, expected):
-            name_the_mistake(name, "the output", out, expected, candidates(CONV_MISTAKES, ref.ffn_as_conv1d(ffn64), x64),
+            name_the_mistake(name, "the output", out, expected,
+                             candidates(CONV_MISTAKES, ref.ffn_as_conv1d(ffn64), x64),
                              otherwise=lambda: _expect_copied_weights(name, conv, ffn64),
                              against="the FFN it was built from")
-        if (device, dtype) == devices_and_dtypes()[-1]:  # the case's last run: this puts new weights into the convolutions
+        # the case's last run: this puts new weights into the convolutions
+        if (device, dtype) == devices_and_dtypes()[-1]:
             rng = SeededRandom(seed_for(name, hidden, i, "new weights"))
             _expect_output_follows_the_convolutions(name, conv, ffn64, x64, rng)
 
@@ -400,7 +405,8 @@ def _layer_norm_drawn(name, case: LayerNormCase, hidden: bool, i: int) -> tuple[
     """Case ``i``'s reference LayerNorm, with random weights, and its input, float64 on the CPU: what the
     check draws (and the test of its mistakes)."""
     eps = 1e-5 if case.eps is None else case.eps
-    reference = randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(), SeededRandom(seed_for(name, hidden, i, "weights")))
+    reference = randomise(ref.LayerNorm(case.shape[-1], eps=eps).double(),
+                          SeededRandom(seed_for(name, hidden, i, "weights")))
     rng = SeededRandom(seed_for(name, hidden, i))
     offset = 3 * rng.randn(*case.shape[:-1], 1)  # each row has its own mean, which must be removed
     return reference, (rng.randn(*case.shape) + offset) * case.scale
@@ -410,7 +416,8 @@ def _loaded_layer_norm(name, LayerNorm, case: LayerNormCase, hidden, i, device, 
     """The learner's LayerNorm (with the case's eps, else the default), whose weight and bias must be
     nn.Parameters, loaded with case ``i``'s weights (a reference drawn for it alone)."""
     d_model = case.shape[-1]
-    module = construct(name, LayerNorm, d_model) if case.eps is None else construct(name, LayerNorm, d_model, eps=case.eps)
+    module = (construct(name, LayerNorm, d_model) if case.eps is None
+              else construct(name, LayerNorm, d_model, eps=case.eps))
     for param in ("weight", "bias"):
         value = getattr(module, param, None)
         if not is_a(value, nn.Parameter):
@@ -456,7 +463,8 @@ def _expect_layer_norm_gradients(name, LayerNorm, case: LayerNormCase, hidden, i
     module = _loaded_layer_norm(name, LayerNorm, case, hidden, i, device, dtype)
     x = x64.to(device=device, dtype=dtype)
     upstream = upstream.to(device=device, dtype=dtype)
-    actual = learner_step(name, lambda: run_in_kernel(in_kernel.gradients, module, x, upstream, ["weight", "bias"]), (x,))
+    actual = learner_step(name, lambda: run_in_kernel(in_kernel.gradients, module, x, upstream, ["weight", "bias"]),
+                          (x,))
     if "error" in actual:
         fail(name, "the output is not connected to the autograd graph, so nothing can learn through it "
                    f"({actual['error']})",
@@ -483,7 +491,8 @@ class SublayerCase:
     length: int
     d_model: int
     norm_first: bool
-    sublayer: str = "ffn"  # "ffn": a position-wise layer with random weights; "attention": parameter-free self-attention
+    # "ffn": a position-wise layer with random weights; "attention": parameter-free self-attention
+    sublayer: str = "ffn"
     dropout: float = 0.0  # > 0 to check that eval mode switches it off
 
 
@@ -569,8 +578,10 @@ def _sublayer_drawn(name, case: SublayerCase, hidden: bool, i: int) -> tuple[ref
     norm = randomise(ref.LayerNorm(case.d_model).double(), SeededRandom(seed_for(name, hidden, i, "weights")))
     if case.sublayer == "attention":
         return norm, stand_in_models.attention_sublayer, x64
-    linear = randomise(nn.Linear(case.d_model, case.d_model).double(), SeededRandom(seed_for(name, hidden, i, "sublayer")))
-    return norm, stand_in_models.position_wise_sublayer({f"0.{key}": value for key, value in linear.state_dict().items()}), x64
+    linear = randomise(nn.Linear(case.d_model, case.d_model).double(),
+                       SeededRandom(seed_for(name, hidden, i, "sublayer")))
+    return norm, stand_in_models.position_wise_sublayer(
+        {f"0.{key}": value for key, value in linear.state_dict().items()}), x64
 
 
 def _moved(f: Callable, device, dtype=torch.float64) -> Callable:

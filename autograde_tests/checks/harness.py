@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .. import reference
-from ..remote.proxy import is_module, run_in_kernel, type_name
+from ..remote.proxy import is_module, type_name
 from ..remote.wire import RemoteError
 
 # The tolerance policy, the only one in the course. Expected values are computed in float64 on the CPU;
@@ -65,7 +65,8 @@ def run_cases(name: str, cases: list, check_case: Callable, after: Callable = la
     tensors itself), which would only run twice on a GPU machine. No ``dtypes`` at all is for what takes no
     tensor (text, token ids): each case runs once, on the CPU, with None for its dtype."""
     if dtypes:
-        where = [(device, dtype) for device, dtype in devices_and_dtypes(dtypes) if device.type == "cpu" or not cpu_only]
+        where = [(device, dtype) for device, dtype in devices_and_dtypes(dtypes)
+                 if device.type == "cpu" or not cpu_only]
     else:
         where = [(torch.device("cpu"), None)]
     prepared = {}
@@ -182,7 +183,8 @@ DROPOUT_IN_EVAL = (
     "use nn.Dropout (model.eval() switches it off) or F.dropout(..., training=self.training).",
 )
 ON_A_FIXED_DEVICE = "makes a tensor on a fixed device, which breaks when the inputs are on a GPU"
-FIXED_DEVICE_HINT = "create tensors (masks too) with device=<input>.device (or use torch.zeros_like / full_like / where)."
+FIXED_DEVICE_HINT = ("create tensors (masks too) with device=<input>.device "
+                     "(or use torch.zeros_like / full_like / where).")
 
 
 @dataclass(eq=False)

@@ -16,8 +16,8 @@ of each chapter's checks that read ``in_kernel``'s records or the classes a prox
 from collections.abc import Callable, Iterable, Mapping
 
 from ..remote.proxy import Remote, run_in_kernel, static_names
-from .in_kernel import operators_used, run_on_meta
 from .harness import FIXED_DEVICE_HINT, ON_A_FIXED_DEVICE, exception_name, fail, learner_step
+from .in_kernel import operators_used, run_on_meta
 
 NOTE = "note from your kernel's own record, not graded"
 BUILT_IN_HINT = "build it from elementary operations (exp, max, sum, matmul)."

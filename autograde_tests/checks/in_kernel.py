@@ -341,5 +341,6 @@ def loaded(loader, model: nn.Module, checkpoint: dict) -> dict:
     returned = loader(model, checkpoint)
     changed = checkpoint.keys() != before.keys() or not all(
         isinstance(checkpoint[key], torch.Tensor) and checkpoint[key].shape == value.shape
-        and checkpoint[key].dtype == value.dtype and torch.equal(checkpoint[key], value) for key, value in before.items())
+        and checkpoint[key].dtype == value.dtype and torch.equal(checkpoint[key], value)
+        for key, value in before.items())
     return {"model": returned is model, "returned": type(returned).__name__, "changed": changed}

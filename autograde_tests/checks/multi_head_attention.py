@@ -14,10 +14,12 @@ from torch import nn
 from ..reference import multi_head_attention as ref
 from ..reference.attention import scaled_dot_product_attention
 from .harness import (
-    call,
-    candidates,
     ChangedInput,
     CheckFailed,
+    Mistake,
+    SeededRandom,
+    call,
+    candidates,
     close,
     construct,
     copy_weights,
@@ -25,12 +27,10 @@ from .harness import (
     expect_tensor,
     fail,
     fail_difference,
-    Mistake,
     name_the_mistake,
     randomise,
     run_cases,
     seed_for,
-    SeededRandom,
     strict_numerics,
 )
 from .how import expect_device_agnostic

@@ -211,7 +211,8 @@ class StandInLM(nn.Module):
 
     def __init__(self, vocab: int, d_model: int):
         super().__init__()
-        self.embed, self.block, self.head = nn.Embedding(vocab, d_model), StandInBlock(d_model), nn.Linear(d_model, vocab)
+        self.embed, self.block, self.head = (nn.Embedding(vocab, d_model), StandInBlock(d_model),
+                                             nn.Linear(d_model, vocab))
         self.recall = nn.Parameter(torch.zeros(vocab))
         self.fed: list[int] = []
 
@@ -259,7 +260,8 @@ def load_target(state: dict, n_heads: int) -> LoadTarget:
             continue
         while len(target.blocks) <= int(parts[1]):
             target.blocks.append(nn.Module())
-        part = nn.RMSNorm(weight.shape[0]) if weight.dim() == 1 else nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        part = (nn.RMSNorm(weight.shape[0]) if weight.dim() == 1
+                else nn.Linear(weight.shape[1], weight.shape[0], bias=False))
         setattr(target.blocks[int(parts[1])], parts[2], part)
     target.norm, target.head = nn.RMSNorm(d_model), nn.Linear(d_model, vocab, bias=False)
     for block in target.blocks:

@@ -624,8 +624,9 @@ def _fail_if_only_cut_ids_raise(name: str, failure: CheckFailed, decode, whole: 
         call(name, decode, list(whole), list(merges), *specials)
     except CheckFailed:
         return  # it fails on uncut ids too: the cut is not the cause
-    fail(name, f"raised {failure.raised}: {failure.exception}, on ids whose bytes are not all UTF-8 (they are cut inside a character); it decodes "
-         "the same ids uncut", "decode the joined bytes with errors='replace' (strict decoding raises "
+    fail(name, f"raised {failure.raised}: {failure.exception}, on ids whose bytes are not all UTF-8 "
+         "(they are cut inside a character); it decodes the same ids uncut",
+         "decode the joined bytes with errors='replace' (strict decoding raises "
          "UnicodeDecodeError): each broken character becomes U+FFFD (�), as in tiktoken.")
 
 

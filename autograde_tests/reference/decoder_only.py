@@ -22,7 +22,7 @@ The two conventions are the same model up to a fixed permutation of q's and k's 
 trained with one do not work with the other.
 """
 
-import math
+import math  # noqa: F401 (the checks' mistakes are edits of this code, run in its namespace: some use math)
 
 import torch
 from torch import nn
@@ -106,9 +106,9 @@ class DecoderBlock(nn.Module):
         past = k.size(2) - T
         mask = torch.arange(k.size(2), device=x.device) <= torch.arange(past, past + T, device=x.device)[:, None]
         # Query head j reads KV head j // group: each KV head is repeated for its group of consecutive query heads,
-        # for the product only (the cache keeps h_kv heads).
+        # for the product only (the cache keeps h_kv heads): shared_k and shared_v are (B, h, T_past + T, d_k).
         group = self.n_heads // self.n_kv_heads
-        shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, h, T_past + T, d_k)
+        shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         attended, _ = scaled_dot_product_attention(q, shared_k, shared_v, mask)  # (B, h, T, d_k); mask (T, T_past + T)
         x = x + self.w_o(attended.transpose(1, 2).reshape(B, T, -1))  # (B, T, d_model)
         h = self.ffn_norm(x)

@@ -67,7 +67,8 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Sequence[str] = ()) ->
     """
     n_merges = vocab_size - 256 - len(special_tokens)
     if n_merges < 0:
-        raise ValueError(f"vocab_size {vocab_size} is smaller than the 256 bytes and {len(special_tokens)} special tokens")
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the 256 bytes and "
+                         f"{len(special_tokens)} special tokens")
     special = set(special_tokens)
     # Each distinct piece once, with how often it occurs: the pieces are what merges happen inside.
     counts = Counter(piece for chunk in split_special(text, special_tokens) if chunk not in special

@@ -2,9 +2,10 @@
 
 The grader sends one request at a time (``serve``, run as a cell of its own, the request beside its
 code). The learner's objects never leave the kernel: the grader gets a handle for each and asks for
-calls, attributes or items; what comes back is data (``wire``). The grader's torch settings travel with each request (default
-dtype, grad mode, threads, and the random state when the grader seeded it) so the learner's code runs
-as it would in-process; dtype, grad mode and threads are restored afterwards, for the learner's next cell.
+calls, attributes or items; what comes back is data (``wire``). The grader's torch settings travel with
+each request (default dtype, grad mode, threads, and the random state when the grader seeded it) so the
+learner's code runs as it would in-process; dtype, grad mode and threads are restored afterwards, for the
+learner's next cell.
 
 Nothing here is trusted: the learner can replace any of it. The grader only ever reads data back,
 and a fake answer passes only if it is the right answer.

@@ -12,6 +12,7 @@ import torch
 
 from . import lent, wire
 
+
 class Remote:
     """One of the learner's objects, living in the kernel: call it, read and set attributes, index it."""
 
@@ -99,7 +100,8 @@ def lend(learner, obj, *methods: str):
     kernel's code calls the grader's ``obj`` (its ``methods``; calling it, by default) and cannot replace it.
     Returns ``obj`` itself, whose own record (e.g. of the calls it received) is the grader's."""
     if isinstance(learner, Remote):
-        learner._session.lender.lend(obj, methods or (("forward",) if isinstance(obj, torch.nn.Module) else ("__call__",)))
+        learner._session.lender.lend(
+            obj, methods or (("forward",) if isinstance(obj, torch.nn.Module) else ("__call__",)))
     return obj
 
 

@@ -13,8 +13,8 @@ the kernel, which the grader does not trust anyway, unpickles them. What the gra
 """
 
 import base64
-import builtins
 import binascii
+import builtins
 import json
 import math
 import pickle
