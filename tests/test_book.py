@@ -79,7 +79,8 @@ def test_chapter_1_cost_figure_grows_quadratically_as_its_text_says(html):
     """The printed growth per doubling of m = n, from n = 512 on: 4x the multiply-adds, and at least 2.5x
     the measured time (the fastest of several runs on one thread)."""
     text = (html / "01_attention.html").read_text()
-    found = re.findall(r"m = n: (\d+) (?:-&gt;|->) (\d+) tokens: ([\d.]+)x the multiply-adds, measured ([\d.]+)x the time", text)
+    found = re.findall(r"m = n: (\d+) (?:-&gt;|->) (\d+) tokens: "
+                       r"([\d.]+)x the multiply-adds, measured ([\d.]+)x the time", text)
     assert [int(before) for before, *_ in found] == [256, 512, 1024], found
     for before, after, counted, measured in found:
         assert float(counted) == 4.0
