@@ -628,4 +628,4 @@ def test_a_message_names_a_module_argument_by_its_class_not_its_whole_repr():
                r"shape") as failure:
         check_teacher_forcing_loss(loss_that_raises)
     assert (failure.value.raised, failure.value.exception) == ("ValueError", "something went wrong")
-    assert len(failure.value.problem) < 300, failure.value.problem
+    assert len(failure.value.render()) < 300, failure.value.render()  # the whole message a learner reads
