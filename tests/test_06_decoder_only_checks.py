@@ -32,6 +32,7 @@ from autograde_tests.checks import (
     check_load_meta_llama,
     check_rms_norm,
     decoder_only,
+    harness,
 )
 
 from .conftest import fails
@@ -674,6 +675,18 @@ def test_generate_check_passes_correct_variants(generate, hidden, capsys):
 ])
 def test_generate_check_names_the_mistake(generate, message):
     with fails(message):
+        check_generate(generate)
+
+
+def test_a_generate_that_writes_into_the_prompt_is_named():
+    correct = make_generate()
+
+    def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_cache=True, generator=None):
+        out = correct(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator)
+        idx.zero_()  # "done with the prompt"
+        return out
+
+    with fails(r"^modified its input `idx` in place", verdict=harness.ChangedInput):
         check_generate(generate)
 
 

@@ -22,8 +22,6 @@ The two conventions are the same model up to a fixed permutation of q's and k's 
 trained with one do not work with the other.
 """
 
-import math  # noqa: F401 (the checks' mistakes are edits of this code, run in its namespace: some use math)
-
 import torch
 from torch import nn
 from torch.nn import functional as F

@@ -11,6 +11,7 @@ calls.
 
 import copy
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -86,7 +87,7 @@ ONLY_WITH_A_CACHE = ("It fails only when given cached tokens (with an empty cach
 
 # A mistake: the reference block's forward with (old, new) changes made to its source and names given by keyword
 # in place of the module's (``edited``), called (block, x, positions, cache).
-_block = functools.partial(edited, ref.DecoderBlock.forward)
+_block = functools.partial(edited, ref.DecoderBlock.forward, math=math)  # a mistake may scale by math.sqrt
 ROTATED = "q, k = apply_rotary(q, positions), apply_rotary(k, positions)"
 ATTENDED = "attended, _ = scaled_dot_product_attention(q, shared_k, shared_v, mask)"
 SHARED = "shared_k, shared_v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)"

@@ -10,6 +10,7 @@ learner's.
 
 import copy
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -70,7 +71,7 @@ STAND_IN_NOTE = (" (this comparison runs your GPT with simple stand-in blocks an
 def _gpt(*changes: tuple[str, str]):
     """The reference GPT's forward with ``changes`` made to its source (``edited``), called (model, idx,
     cache): the logits of a mistake."""
-    forward = edited(ref.GPT.forward, *changes)
+    forward = edited(ref.GPT.forward, *changes, math=math)  # a mistake may scale by math.sqrt
     return lambda model, idx, cache: forward(model, idx, cache)[0]
 
 
