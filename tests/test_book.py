@@ -14,13 +14,8 @@ pytestmark = pytest.mark.book  # reads the built book (make book)
 REPO = Path(__file__).resolve().parents[1]
 HTML = REPO / "_build" / "html"
 # Figures each chapter's page must show, all made by executed code.
-FIGURES = {"01_attention": 4}
-FIGURES.update({"02_multi_head_attention": 3, "03_attention_variants": 3})
-FIGURES["04_ffn_layernorm_residual"] = 5
-FIGURES["05_transformer"] = 6
-FIGURES["06_decoder_only"] = 5
-FIGURES["07_attention_at_scale"] = 3
-FIGURES["08_tokens"] = 3
+FIGURES = {"01_attention": 4, "02_multi_head_attention": 3, "03_attention_variants": 3, "04_ffn_layernorm_residual": 5,
+           "05_transformer": 6, "06_decoder_only": 5, "07_attention_at_scale": 3, "08_tokens": 3}
 
 
 @pytest.fixture(scope="module")
