@@ -23,8 +23,10 @@ import nbformat
 
 from autograde_tests.grading.outcome import Cause
 
-from .test_07_attention_at_scale_checks import (online_softmax_by_next_until_exhausted,
-                                                online_softmax_first_chunk_then_the_rest)
+from .test_07_attention_at_scale_checks import (
+    online_softmax_by_next_until_exhausted,
+    online_softmax_first_chunk_then_the_rest,
+)
 
 CHAPTER = "01_attention"
 
@@ -186,7 +188,8 @@ HOSTILE = [
         "fake.check_softmax = fake.check_scaled_dot_product_attention = lambda *a, **k: print('✔ passed')\n"
         "sys.modules['autograde_tests.checks'] = fake\nsys.modules['autograde_tests'].checks = fake"), 0),
     Case("builtins_through_a_module_attribute", attack(
-        "torch.sys.modules['builtins'].exec(\"import autograde_tests.checks.harness as h; h.close = lambda *a: True\")\n"
+        "torch.sys.modules['builtins'].exec(\"import autograde_tests.checks.harness as h; "
+        "h.close = lambda *a: True\")\n"
         "torch.os.system('echo pwned > /tmp/pwned')"), 0),
     Case("tensor_subclass_lies", attack(
         "class Liar(torch.Tensor):\n    def __eq__(self, other):\n        return True\n"
@@ -196,7 +199,8 @@ HOSTILE = [
         after="scaled_dot_product_attention"), 0),
     # the kernel's shell, reached through sys.modules
     Case("swallows_exceptions",
-         attack("torch.sys.modules['IPython'].get_ipython().set_custom_exc((BaseException,), lambda *a, **k: None)"), 0),
+         attack("torch.sys.modules['IPython'].get_ipython()"
+                ".set_custom_exc((BaseException,), lambda *a, **k: None)"), 0),
     Case("rewrites_every_later_cell", attack(
         "ip = torch.sys.modules['IPython'].get_ipython()\n"
         "ip.input_transformers_post.append(lambda lines: ['print(\"✔ softmax: all cases passed\")\\n'])"), 0),
@@ -208,7 +212,8 @@ HOSTILE = [
         "agent.serve = serve"), 0),
     Case("answers_the_grader_with_garbage", attack(
         "import autograde_tests.remote.agent as agent\n"
-        "agent.serve = lambda namespace, request: agent.publish_display_data({agent.MIME: {'reply': '[' * 100000}})"), 0),
+        "agent.serve = lambda namespace, request: "
+        "agent.publish_display_data({agent.MIME: {'reply': '[' * 100000}})"), 0),
     # reaching for answers the kernel must not see
     Case("calls_the_reference_through_sys_modules", lambda r: solved(
         r, "def softmax(x, dim=-1):\n    return torch.sys.modules['autograde_tests.reference'].softmax(x, dim)",
@@ -229,7 +234,8 @@ HOSTILE = [
         "exec('\\n'.join(''.join(c['source']) for c in nb['cells'] if c['cell_type'] == 'code' "
         "and 'check_' not in ''.join(c['source'])))"), 0),
     Case("fetches_answers_from_the_network", attack(
-        "import urllib.request\nexec(urllib.request.urlopen('http://127.0.0.1:{GRADER_PORT}/answers.py', timeout=5).read())"),
+        "import urllib.request\n"
+        "exec(urllib.request.urlopen('http://127.0.0.1:{GRADER_PORT}/answers.py', timeout=5).read())"),
          0),
     Case("rewrites_every_gradebook_it_finds", attack(
         "import glob, os, sqlite3\n"
@@ -279,7 +285,8 @@ HONEST = [
         "_, w = scaled_dot_product_attention(q, k, v)\nplt.imshow(w, cmap='viridis')\nplt.colorbar()\nplt.show()",
         after="scaled_dot_product_attention"), 6),
     Case("honest_writes_and_reads_a_file", with_extra_cell(
-        "with open('notes.txt', 'w') as f:\n    f.write('softmax is shift-invariant')\nprint(open('notes.txt').read())"), 6),
+        "with open('notes.txt', 'w') as f:\n    f.write('softmax is shift-invariant')\n"
+        "print(open('notes.txt').read())"), 6),
     Case("honest_runs_a_check_in_a_scratch_cell", with_extra_cell(
         "from autograde_tests.checks import check_softmax\ncheck_softmax(softmax)"), 6),
     Case("honest_compares_with_the_built_in", with_extra_cell(
@@ -449,7 +456,8 @@ s.Training = Reported
 '''
 # chapter 5: greedy decoding that reads the first position, beside a cell that makes the stand-in model's
 # decode reverse time (so the first position would hold the last): the model is lent, the grader's decodes
-GREEDY_FIRST_POSITION = ("        next_token = logits[:, -1].argmax(dim=-1)", "        next_token = logits[:, 0].argmax(dim=-1)")
+GREEDY_FIRST_POSITION = ("        next_token = logits[:, -1].argmax(dim=-1)",
+                         "        next_token = logits[:, 0].argmax(dim=-1)")
 STAND_IN_REVERSES_TIME = '''
 import autograde_tests.checks.stand_in_models as s
 _decode = s.StandInModel.decode
@@ -573,8 +581,9 @@ LATER = [
     Case("kv_heads_tiled_06", edited("decoder_block", ("k.repeat_interleave(group, dim=1), v.repeat_interleave(group, "
                                                        "dim=1)", "k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)")),
          24 - 5, chapter=DECODER_ONLY),
-    Case("gate_and_up_swapped_06", edited("load_meta_llama", ('"w_gate": "feed_forward.w1"', '"w_gate": "feed_forward.w3"'),
-                                          ('"w_up": "feed_forward.w3"', '"w_up": "feed_forward.w1"')),
+    Case("gate_and_up_swapped_06",
+         edited("load_meta_llama", ('"w_gate": "feed_forward.w1"', '"w_gate": "feed_forward.w3"'),
+                ('"w_up": "feed_forward.w3"', '"w_up": "feed_forward.w1"')),
          24 - 3, chapter=DECODER_ONLY),
     Case("generate_by_the_checks_06", replaced("generate", GENERATE_BY_THE_CHECKS), 24 - 4, chapter=DECODER_ONLY),
     # whether generate uses the cache is the grader's record (the stand-in model is lent): patching it gains nothing
@@ -583,8 +592,8 @@ LATER = [
         "generate", NO_CACHE, CACHE_CLAIMED), after="imports"), 24 - 4, chapter=DECODER_ONLY),
     links_to_the_instructors(DECODER_ONLY),
     *resource_cases(DECODER_ONLY),
-    Case("imports_the_reference_07", replaced("tiled_attention", "from autograde_tests.reference import tiled_attention"),
-         9 - 6, chapter=AT_SCALE),
+    Case("imports_the_reference_07",
+         replaced("tiled_attention", "from autograde_tests.reference import tiled_attention"), 9 - 6, chapter=AT_SCALE),
     Case("tiled_attention_by_the_checks_07", replaced("tiled_attention", TILED_BY_THE_CHECKS), 9 - 6, chapter=AT_SCALE),
     Case("online_softmax_by_the_checks_07", replaced("online_softmax", ONLINE_BY_THE_CHECKS), 9 - 3, chapter=AT_SCALE),
     # a device written into the code is seen only on the kernel's shape-only run: a note, so hiding it gains nothing

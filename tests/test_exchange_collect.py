@@ -11,7 +11,6 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
 from nbgrader.exchange import ExchangeFactory
 
 from autograde_tests import scratch_course

@@ -35,17 +35,21 @@ def test_a_cell_that_is_not_python_is_skipped():
 
 
 def test_code_that_can_rewrite_a_check_s_stand_ins_is_noted():
-    for source, what in [("import autograde_tests.checks.stand_in_models as s", "autograde_tests.checks.stand_in_models"),
-                         ("from autograde_tests.checks import stand_in_models", "autograde_tests.checks"),
-                         ("def greedy_decode(model, src):\n    setattr(type(model), 'decode', None)", "setattr"),
-                         ("def f(model):\n    model.__class__.decode = None", "model.__class__")]:
+    for source, what in [
+        ("import autograde_tests.checks.stand_in_models as s", "autograde_tests.checks.stand_in_models"),
+        ("from autograde_tests.checks import stand_in_models", "autograde_tests.checks"),
+        ("def greedy_decode(model, src):\n    setattr(type(model), 'decode', None)", "setattr"),
+        ("def f(model):\n    model.__class__.decode = None", "model.__class__"),
+    ]:
         (note,) = advisories([source])
-        assert note.startswith("reaches the course's grading package or rewrites classes at run time") and f"`{what}`" in note
+        assert (note.startswith("reaches the course's grading package or rewrites classes at run time")
+                and f"`{what}`" in note)
 
 
 @pytest.mark.parametrize("chapter", nbgrader_course.chapters(REPO))
 def test_the_course_s_own_answers_get_no_note(chapter):
     """The learner's cells of a solved notebook: every cell nbgrader does not lock."""
     notebook = nbformat.read(REPO / "solutions" / chapter / f"{chapter}.ipynb", as_version=4)
-    cells = [c.source for c in notebook.cells if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("locked")]
+    cells = [c.source for c in notebook.cells
+             if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("locked")]
     assert advisories(cells) == []  # no honest answer of ours carries a note to every learner's grade

@@ -44,7 +44,8 @@ except OSError as refused:
 MEMORY_IN_CHILDREN = '''
 import subprocess, sys
 hold = "x = b'1' * (512 << 20); print('held', flush=True); input()"
-children = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE) for _ in range(6)]
+children = [subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            for _ in range(6)]
 print("HELD", [child.stdout.readline().strip().decode() for child in children])
 '''
 FILLS_DEV_SHM = f'''

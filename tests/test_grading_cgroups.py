@@ -18,7 +18,8 @@ V2_MOUNTS = "29 25 0:25 / /FAKE/unified rw,nosuid shared:8 - cgroup2 cgroup2 rw\
 
 
 def tree(tmp_path: Path, mounts: str, own: str, folders: dict[str, dict[str, str]]) -> dict:
-    """Made-up ``/proc/self/cgroup``, ``/proc/self/mountinfo`` and cgroup folders (with their files) under ``tmp_path``."""
+    """Made-up ``/proc/self/cgroup``, ``/proc/self/mountinfo`` and cgroup folders (with their files) under
+    ``tmp_path``."""
     for folder, files in folders.items():
         (tmp_path / folder).mkdir(parents=True)
         for name, text in files.items():
@@ -47,7 +48,8 @@ def test_v1_cgroups_are_made_below_the_graders_own_in_both_hierarchies(tmp_path)
 
 def test_v2_cgroups_are_made_below_the_graders_own_which_delegates_both_controllers(tmp_path):
     files = tree(tmp_path, V2_MOUNTS, "0::/grading.slice\n",
-                 {"unified/grading.slice": {"cgroup.controllers": "cpu memory pids", "cgroup.subtree_control": "memory pids"}})
+                 {"unified/grading.slice": {"cgroup.controllers": "cpu memory pids",
+                                            "cgroup.subtree_control": "memory pids"}})
     hierarchy = cgroups.bounds(**files)
     assert (hierarchy.version, hierarchy.parents) == (2, [tmp_path / "unified" / "grading.slice"])
     cgroup = hierarchy.create("grading-1-k", 2**30, processes=64)

@@ -205,7 +205,8 @@ def test_without_a_sandbox_here_grading_is_refused_unless_dask_workers_grade(gra
     arguments = ["--course", str(graded[0])]
     with pytest.raises(SystemExit):
         grading_main.parse(arguments)
-    assert capsys.readouterr().err.endswith("bubblewrap is not installed: install it (or --no-sandbox, for trusted work only)\n")
+    assert capsys.readouterr().err.endswith("bubblewrap is not installed: install it "
+                                            "(or --no-sandbox, for trusted work only)\n")
     assert grading_main.parse([*arguments, "--scheduler", "tcp://127.0.0.1:8786"]).sandbox
 
 
@@ -234,7 +235,8 @@ def test_where_no_sandbox_can_start_grading_is_refused_in_one_line(graded, tmp_p
     root, _ = graded
     state = (root / ".grading" / "state.json").read_bytes()
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (tmp_path / "bin" / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
     (tmp_path / "bin" / "bwrap").chmod(0o755)
     env = {"PATH": f"{tmp_path / 'bin'}:{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
     run = subprocess.run([sys.executable, "-m", "autograde_tests.grading", "--course", str(root), "--force"],

@@ -90,8 +90,8 @@ def cluster(folder: Path, workers: dict[str, tuple[list, dict]]):
         with Client(scheduler_file=str(folder / "scheduler.json"), timeout=60) as client:
             address = client.scheduler.address
         for name, (command, extra) in workers.items():
-            started.append(subprocess.Popen([*command, address, "--name", name, "--nthreads", "1", "--host", "127.0.0.1",
-                                             "--no-dashboard"], env=env | extra, cwd=folder,
+            started.append(subprocess.Popen([*command, address, "--name", name, "--nthreads", "1",
+                                             "--host", "127.0.0.1", "--no-dashboard"], env=env | extra, cwd=folder,
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         with Client(address) as client:
             client.wait_for_workers(len(workers), timeout=120)
@@ -379,7 +379,8 @@ def test_a_worker_whose_sandbox_cannot_start_makes_each_submission_need_attentio
         shutil.rmtree(root / "submitted" / f"student{n}")
     _, grades, kept = snapshot(root)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "bwrap").write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    (tmp_path / "bin" / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
     (tmp_path / "bin" / "bwrap").chmod(0o755)
     env = {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}"}
     with cluster(tmp_path, {"unsandboxed": ([BIN / "dask", "worker"], env)}) as address:

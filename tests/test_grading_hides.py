@@ -100,7 +100,8 @@ print(json.dumps(seen))
 '''
 
 
-@pytest.mark.parametrize("compiled", [["autograde_tests.checks.decoder_only", "autograde_tests.checks.attention_at_scale",
+@pytest.mark.parametrize("compiled", [["autograde_tests.checks.decoder_only",
+                                       "autograde_tests.checks.attention_at_scale",
                                        "autograde_tests.checks.tokens", "autograde_tests.reference.decoder_only"]],
                          indirect=True)
 @pytest.mark.parametrize("chapter", GENERATORS)

@@ -85,7 +85,8 @@ SUBMISSIONS = {  # (student, chapter): (the solved notebook -> the submission, i
     ("plain_attention_hidden", "07_attention_at_scale"): (
         with_extra_cell(HIDE_THE_SCORE_MATRIX, after="tiled_attention",
                         answers=_replaced("tiled_attention", PLAIN_ATTENTION)), 9),
-    ("memoriser", "05_transformer"): (with_extra_cell(MEMORISE_THE_LABELS, after="transformer", answers=lambda n: n), 15),
+    ("memoriser", "05_transformer"): (
+        with_extra_cell(MEMORISE_THE_LABELS, after="transformer", answers=lambda n: n), 15),
 }
 
 

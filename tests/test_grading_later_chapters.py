@@ -51,7 +51,8 @@ def test_an_attack_on_a_later_chapter_gets_its_outcome(graded, case):
 ])
 def test_the_feedback_names_the_mistake_a_grouped_query_block_or_a_checkpoint_loader_made(graded, student, problem):
     notebook = nbformat.read(graded / "autograded" / student / DECODER_ONLY / f"{DECODER_ONLY}.ipynb", as_version=4)
-    errors = [o.get("evalue", "") for cell in notebook.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o.get("evalue", "") for cell in notebook.cells for o in cell.get("outputs", [])
+              if o.get("output_type") == "error"]
     assert any(problem in error for error in errors), errors
 
 
@@ -78,7 +79,9 @@ def test_what_a_submission_tried_stayed_within_its_bounds_as_counted_from_outsid
     assert used["refused_forks"] >= 1 and used["oom_kills"] == 0, used
     shown = printed(graded, case.student, case.chapter).splitlines()
     assert any(line.startswith("FORKS ") and line.endswith(" then BlockingIOError") for line in shown), shown
-    full = {words[1]: (words[2], int(words[4])) for words in (line.split() for line in shown if line.startswith("FULL "))}
+    full = {words[1]: (words[2], int(words[4]))
+            for words in (line.split() for line in shown if line.startswith("FULL "))}
     (shm_error, shm_mib), sockets = full.pop("/dev/shm"), list(full.values())  # the sockets folder's is the other
-    assert shm_error == "ENOSPC" and shm_mib <= 64 and [(e, mib <= 1) for e, mib in sockets] == [("ENOSPC", True)], shown
+    assert (shm_error == "ENOSPC" and shm_mib <= 64
+            and [(e, mib <= 1) for e, mib in sockets] == [("ENOSPC", True)]), shown
     assert list(Path("/dev/shm").glob(f"{SHM_NAME}*")) == []  # the host's /dev/shm never saw a byte of it

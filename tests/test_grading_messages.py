@@ -70,16 +70,19 @@ FLOODS = [
         "                      ('status', {'execution_state': ['idle']}), ('comm_msg', {})]:\n"
         "    kernel.session.send(kernel.iopub_socket, kind, content, parent=parent)"), 6),
     Case("displays_one_message_over_the_size_limit", with_extra_cell(
-        "from IPython.display import publish_display_data\npublish_display_data({'text/plain': 'x' * 100 * 2**20})"), 6),
+        "from IPython.display import publish_display_data\n"
+        "publish_display_data({'text/plain': 'x' * 100 * 2**20})"), 6),
     Case("raises_an_error_over_the_size_limit", with_extra_cell("raise ValueError('x' * 100 * 2**20)"), 6),
     # One message in frames each under zmq's limit (the kernel holds one 40 MiB buffer): on iopub 2.4 GB,
     # more than a relay's memory; on shell 120 MiB, more than the largest message a relay passes on (the
     # cell's reply is lost with it); on control 2.4 GB, the answer to the grader's interrupt at the cell's time limit.
     Case("sends_one_message_in_many_frames", with_extra_cell(
-        KERNEL + "kernel.session.send(kernel.iopub_socket, 'display_data', {'data': {'text/plain': 'x'}, 'metadata': {}},\n"
+        KERNEL + "kernel.session.send(kernel.iopub_socket, 'display_data', "
+        "{'data': {'text/plain': 'x'}, 'metadata': {}},\n"
         "                    parent=kernel.get_parent(), buffers=[big] * 60)"), 6),
     Case("replies_in_many_frames", with_extra_cell(
-        KERNEL + "kernel.session.send(kernel.shell_stream, 'execute_reply', {'status': 'ok'}, parent=kernel.get_parent(),\n"
+        KERNEL + "kernel.session.send(kernel.shell_stream, 'execute_reply', {'status': 'ok'}, "
+        "parent=kernel.get_parent(),\n"
         "                    ident=kernel._parent_ident['shell'], buffers=[big] * 3)"), 6),
     # on stdin, where the kernel calls what the grader lent: 2.4 GB in one message between cells, read by no one
     Case("asks_on_stdin_in_many_frames", with_extra_cell(
@@ -94,14 +97,16 @@ FLOODS = [
     Case("answers_the_interrupt_in_many_frames", with_extra_cell(
         KERNEL + "interrupt = kernel.interrupt_request\n"
         "async def flood(stream, ident, parent):\n"
-        "    kernel.session.send(stream, 'interrupt_reply', {'status': 'ok'}, parent, ident=ident, buffers=[big] * 60)\n"
+        "    kernel.session.send(stream, 'interrupt_reply', {'status': 'ok'}, parent, ident=ident, "
+        "buffers=[big] * 60)\n"
         "    await interrupt(stream, ident, parent)\n"
         "kernel.control_handlers['interrupt_request'] = flood\n"
         "while True:\n    pass"), 6),
 ]
 HANGS = [
     # a check's request that never returns fails that test cell, and attention (which calls softmax) too
-    Case("loops_forever_when_checked", lambda r: solved(r, "def softmax(x, dim=-1):\n    while True:\n        pass"), 0),
+    Case("loops_forever_when_checked",
+         lambda r: solved(r, "def softmax(x, dim=-1):\n    while True:\n        pass"), 0),
     # each call under the cell's time, all of them together over it: test_softmax fails, attention passes
     Case("slow_on_every_check_call", lambda r: solved(
         r, "import time\n" + SOFTMAX.replace("def softmax(x, dim=-1):", "def softmax(x, dim=-1):\n    time.sleep(4)"),
@@ -200,13 +205,15 @@ def test_a_flood_in_a_later_chapter_keeps_full_marks(graded):
 def test_the_grader_keeps_no_more_than_the_cap(graded, case):
     root = graded[0]
     for folder in ("autograded", "feedback"):
-        size, honest = _file(root, folder, case.student).stat().st_size, _file(root, folder, CORRECT.student).stat().st_size
+        size, honest = (_file(root, folder, case.student).stat().st_size,
+                        _file(root, folder, CORRECT.student).stat().st_size)
         assert size <= honest + OUTPUT + MARGIN, (folder, size, honest)
 
 
 def test_a_truncated_submission_says_so(graded):
     notebook = nbformat.read(_file(graded[0], "autograded", "floods_with_display_updates"), as_version=4)
-    assert any("[output truncated by the grader]" in o.get("text", "") for c in notebook.cells for o in c.get("outputs", []))
+    assert any("[output truncated by the grader]" in o.get("text", "")
+               for c in notebook.cells for o in c.get("outputs", []))
 
 
 @pytest.mark.parametrize("case", HANGS, ids=lambda c: c.student)

@@ -103,7 +103,8 @@ IGNORES_INTERRUPTS = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN
 
 
 def test_a_cell_that_ignores_interrupts_ends_at_the_cell_time_limit(template, client):
-    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=120, cell_timeout=5)
+    result = run_one(template, client, with_extra_cell(IGNORES_INTERRUPTS)(release(template)), timeout=120,
+                     cell_timeout=5)
     assert (result["status"], result["cause"]) == ("needs-attention", Cause.CELL_TIMED_OUT), result
 
 
@@ -147,7 +148,8 @@ LOOKS_FOR_IT = ("import builtins, os\n"
 
 def test_a_kernel_is_never_reused(template, client):
     """What one submission leaves in its kernel (a global, a file in its /tmp) is not there for the next."""
-    assert run_one(template, client, with_extra_cell(LEAVES_SOMETHING)(release(template)), timeout=600)["status"] == "graded"
+    assert run_one(template, client, with_extra_cell(LEAVES_SOMETHING)(release(template)),
+                   timeout=600)["status"] == "graded"
     result = run_one(template, client, with_extra_cell(LOOKS_FOR_IT)(release(template)), timeout=600)
     assert "CLEAN" in printed(result) and "FOUND" not in printed(result)
 
@@ -180,12 +182,14 @@ def test_no_kernel_is_started_ahead_of_a_chapters_last_submissions(template, cli
 
 LOOK_AROUND = '''
 import json, os, socket, sys
-seen = {"uid": os.getuid(), "root": sorted(os.listdir("/")), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+seen = {"uid": os.getuid(), "root": sorted(os.listdir("/")),
+        "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
 seen["course_visible"] = os.path.exists(COURSE)
 seen["preloaded"] = "autograde_tests.remote.agent" in sys.modules  # before any check has asked for it
 package = os.path.dirname(__import__("autograde_tests").__file__)
 seen["package"] = sorted(os.listdir(package))
-seen["reference_cache"] = os.listdir(os.path.join(package, "reference", "__pycache__")) if os.path.isdir(os.path.join(package, "reference", "__pycache__")) else []
+seen["reference_cache"] = (os.listdir(os.path.join(package, "reference", "__pycache__"))
+                           if os.path.isdir(os.path.join(package, "reference", "__pycache__")) else [])
 try:
     __import__("autograde_tests.reference.attention")
     seen["graded_reference"] = "imported"
@@ -216,7 +220,8 @@ def test_the_kernel_sees_no_course_no_network_and_not_the_graded_reference(templ
     result = run_one(template, client, with_extra_cell(source)(release(template)), timeout=600)
     listener.close()
     assert result["status"] == "graded"
-    seen = json.loads(next(line for line in printed(result).splitlines() if line.startswith("SEEN")).removeprefix("SEEN"))
+    seen = json.loads(next(line for line in printed(result).splitlines()
+                           if line.startswith("SEEN")).removeprefix("SEEN"))
     assert seen["uid"] == 65534
     assert seen["preloaded"] is True  # the kernel was started ahead with the grader's client loaded
     assert max(seen["pids"]) < 20  # its own PID namespace

@@ -4,8 +4,8 @@ Reads submissions from submitted/<student>/<chapter>/ (or, with --zip-collect, f
 in downloaded/<chapter>/archive/ through ``nbgrader zip_collect``), grades every pair in isolation and
 in parallel (on this machine, or on the workers of a Dask scheduler), and writes the gradebook,
 autograded/, feedback/, grades.csv, reports/class_report.md and reports/similarity_<chapter>.html (similar
-answers, against classmates and published answers: it informs, it changes no score). A fault of the grader's own stops it
-with one line on stderr and status 1 (what was graded before it is kept).
+answers, against classmates and published answers: it informs, it changes no score). A fault of the grader's own
+stops it with one line on stderr and status 1 (what was graded before it is kept).
 """
 
 import argparse
@@ -32,7 +32,8 @@ def parse(argv=None) -> batch.Settings:
     parser.add_argument("--chapter", action="append", help="a chapter to grade (repeatable; default: all)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(),
                         help="grading workers on this machine, each grading one submission at a time (default: cores)")
-    parser.add_argument("--scheduler", help="a Dask scheduler's address (tcp://HOST:8786): grade on its workers instead")
+    parser.add_argument("--scheduler",
+                        help="a Dask scheduler's address (tcp://HOST:8786): grade on its workers instead")
     parser.add_argument("--wait-for-workers", type=float, default=limits.WORKER_PATIENCE_SECONDS, metavar="SECONDS",
                         help="how long no grading worker may be connected before the batch stops "
                              "(default: %(default)g)")
@@ -53,7 +54,8 @@ def parse(argv=None) -> batch.Settings:
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run kernels without bubblewrap: for trusted work only (your own notebooks)")
     parser.add_argument("--known-solutions", type=Path, metavar="DIR",
-                        help="a folder of published answers (notebooks, Python files) the similarity report compares with")
+                        help="a folder of published answers (notebooks, Python files) the similarity report "
+                             "compares with")
     parser.add_argument("--similarity", type=float, default=limits.SIMILARITY_THRESHOLD, metavar="THRESHOLD",
                         help="the similarity from which the report lists a pair, 0 to 1 (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -136,7 +138,8 @@ def main(argv=None) -> None:
         sys.exit(f"{PROG}: stopped: {exc}")
     csv = report.export_grades(settings.course)
     state = batch.load_state(settings.course)
-    similar = similarity.write_reports(settings.course, settings.chapters, settings.similarity, settings.known_solutions)
+    similar = similarity.write_reports(settings.course, settings.chapters, settings.similarity,
+                                       settings.known_solutions)
     summary = report.write_report(settings.course, state, settings.sandbox, similar)
     for o in outcomes:
         if o.status == "needs-attention":

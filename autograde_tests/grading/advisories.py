@@ -24,7 +24,8 @@ NOTES = [
     # The stand-ins a check hands the learner's code run in the kernel: code that rewrites them can make a
     # wrong answer come out right, and no value the grader judges shows it.
     ("reaches the course's grading package or rewrites classes at run time (a check's stand-ins live there)",
-     {"autograde_tests"}, {"setattr", "delattr"}, {"__class__", "__dict__", "__setattr__", "stand_in_models", "in_kernel"}),
+     {"autograde_tests"}, {"setattr", "delattr"},
+     {"__class__", "__dict__", "__setattr__", "stand_in_models", "in_kernel"}),
 ]
 
 

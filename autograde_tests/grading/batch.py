@@ -178,7 +178,8 @@ def _submitter(client, digest: str | None):
         pair, job, _, _ = task
         # A key names the pair for people reading Dask's logs; its random tail keeps it apart from any other
         # batch's on a shared scheduler (Dask would hand both the same result), and from its own earlier try.
-        return client.submit(shipped, asdict(job), digest, key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}")
+        return client.submit(shipped, asdict(job), digest,
+                             key=f"grade-{pair.student}-{pair.chapter}-{uuid.uuid4().hex}")
     return submit
 
 
@@ -269,12 +270,14 @@ def _carried(course: Path, pair: Pair) -> dict[str, bytes]:
 def _record_result(course: Path, pair: Pair, outcome: Outcome, result: dict, carried: dict[str, bytes]) -> Outcome:
     """Complete ``outcome`` with ``result``; a graded pair's files (and ``carried``) and grades go into the course."""
     outcome.cause, outcome.reason = Cause(result["cause"]), result.get("reason", "")
-    outcome.messages, outcome.worker, outcome.seconds = result.get("messages", []), result.get("worker", ""), result.get("seconds")
+    outcome.messages, outcome.worker, outcome.seconds = (result.get("messages", []), result.get("worker", ""),
+                                                         result.get("seconds"))
     outcome.resources = result.get("resources", {})
     if outcome.cause != Cause.GRADED:
         return outcome
     staged = {}
-    for folder, suffix, text in (("autograded", "ipynb", result["autograded"]), ("feedback", "html", result["feedback"])):
+    for folder, suffix, text in (("autograded", "ipynb", result["autograded"]),
+                                 ("feedback", "html", result["feedback"])):
         destination = course / folder / pair.student / pair.chapter
         staged[destination] = destination.with_name(f".{pair.chapter}.new")
         shutil.rmtree(staged[destination], ignore_errors=True)

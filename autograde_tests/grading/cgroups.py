@@ -53,11 +53,13 @@ class Cgroup:
         if self.version == 2:
             (folder,) = self.folders
             return Usage(_number(folder / "memory.peak"), _number(folder / "pids.peak"),
-                         _keyed(folder / "memory.events").get("oom_kill", 0), _keyed(folder / "pids.events").get("max", 0))
+                         _keyed(folder / "memory.events").get("oom_kill", 0),
+                         _keyed(folder / "pids.events").get("max", 0))
         memory, pids = self.folders
         peak = pids / "pids.peak"
         return Usage(_number(memory / "memory.max_usage_in_bytes"), _number(peak) if peak.exists() else None,
-                     _keyed(memory / "memory.oom_control").get("oom_kill", 0), _keyed(pids / "pids.events").get("max", 0))
+                     _keyed(memory / "memory.oom_control").get("oom_kill", 0),
+                     _keyed(pids / "pids.events").get("max", 0))
 
     def remove(self) -> None:
         """Kill whatever still runs in it, then remove it. A folder that stays busy is left to the next

@@ -99,8 +99,9 @@ def workers(scheduler: str | None, jobs: int) -> Iterator[Client]:
     env = {"PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     # Its workers share this terminal: the batch words their faults itself, so Dask's warnings (a failed
     # task's traceback among them) stay out of it.
-    with LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=":0", env=env, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    with (LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True, host="127.0.0.1",
+                       dashboard_address=":0", env=env, silence_logs=logging.ERROR) as cluster,
+          Client(cluster) as client):
         yield client
 
 
@@ -171,7 +172,8 @@ def _cancelled(client: Client, exc: CancelledError) -> str:
     reasons = {group.reason for group in groups} or {getattr(exc, "reason", "")}
     if "scheduler-connection-lost" in reasons:
         return f"lost {_scheduler(client)}"
-    return f"{_scheduler(client)} cancelled the grading ({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})"
+    return (f"{_scheduler(client)} cancelled the grading "
+            f"({', '.join(sorted(r for r in reasons if r)) or 'no reason given'})")
 
 
 def _scheduler(client: Client) -> str:

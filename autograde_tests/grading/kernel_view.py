@@ -16,16 +16,15 @@ ones (the answer), every chapter's checks (their mistake generators are the refe
 with the default flags they are the answer), and the rest (the grader, training, the book's tools),
 which the kernel never needs. A new module is hidden until it is named here. Outside the package, the
 installed libraries that would compute the graded chapter's answers (``Chapter.answering_libraries``) are
-hidden the same way: an empty read-only folder in place of each, holding only a stub ``__init__``. The sandbox binds the stub
-``hidden_reference.py`` over each hidden file, so that reading the source finds nothing either and an
-import by name (``from autograde_tests.checks import check_gpt``) fails with a reason; every folder of
-compiled copies (``__pycache__``) is an empty read-only tmpfs. The suite's stand-in for the kernel
-(``tests/conftest.py``) refuses to import the same list.
+hidden the same way: an empty read-only folder in place of each, holding only a stub ``__init__``. The
+sandbox binds the stub ``hidden_reference.py`` over each hidden file, so that reading the source finds
+nothing either and an import by name (``from autograde_tests.checks import check_gpt``) fails with a
+reason; every folder of compiled copies (``__pycache__``) is an empty read-only tmpfs. The suite's
+stand-in for the kernel (``tests/conftest.py``) refuses to import the same list.
 """
 
-from pathlib import Path
-
 import importlib.util
+from pathlib import Path
 
 import autograde_tests
 from autograde_tests.chapters import CHAPTERS, hidden_in_grading

@@ -1,8 +1,9 @@
 """Sandboxed kernels for one grading worker: each started ahead of need, used for one submission, then killed.
 
 A kernel boots in its own process (bubblewrap, then ipykernel importing torch and the agent), so
-starting the next one as a submission begins hides its start-up behind that submission's grading. A kernel is chapter-specific (it lacks that
-chapter's reference), and it is never reused: the learner's code may have changed anything in it.
+starting the next one as a submission begins hides its start-up behind that submission's grading. A
+kernel is chapter-specific (it lacks that chapter's reference), and it is never reused: the learner's
+code may have changed anything in it.
 
 Each kernel has a cgroup of its own (``cgroups``), made before it starts and removed, with whatever still
 runs in it, when it is killed; its counters say what the submission used. Before a kernel is handed out,
@@ -92,7 +93,8 @@ class WarmKernels:
         except cgroups.Unavailable as exc:
             self.hierarchy = None
             self.bounds = (f"no cgroup could bound a submission as a whole ({exc}): memory was bounded per process "
-                           f"only ({cgroups.size(memory_bytes)} each, RLIMIT_AS), and the number of processes not at all")
+                           f"only ({cgroups.size(memory_bytes)} each, RLIMIT_AS), and the number of processes "
+                           "not at all")
         self.specs = Path(tempfile.mkdtemp(prefix="kernelspecs-", dir=folder))
         self.chapter: str | None = None
         self.waiting: list[AsyncKernelManager] = []
@@ -135,7 +137,8 @@ class WarmKernels:
         # sandbox sees only the connection file, read-only); a short path, since a socket's path has at
         # most 107 bytes.
         exchange = Path(tempfile.mkdtemp(prefix="k", dir=self.folder))
-        cgroup = self.hierarchy.create(f"grading-{os.getpid()}-{exchange.name}", self.memory_bytes) if self.hierarchy else None
+        cgroup = (self.hierarchy.create(f"grading-{os.getpid()}-{exchange.name}", self.memory_bytes)
+                  if self.hierarchy else None)
         specs = KernelSpecManager(kernel_dirs=[str(self.specs)])
         kernel = RelayedKernelManager(kernel_name=self._spec(chapter, exchange, cgroup), kernel_spec_manager=specs,
                                     transport="ipc", ip=str(sockets(exchange) / "kernel"))
@@ -213,7 +216,8 @@ def probe(kernel: AsyncKernelManager) -> None:
         client.context.destroy(linger=0)
     answer = reply["content"].get("user_expressions", {}).get("package", {})
     if answer.get("status") != "ok":
-        raise KernelFault(f"the kernel could not import the grader's agent ({answer.get('ename')}: {answer.get('evalue')})")
+        raise KernelFault("the kernel could not import the grader's agent "
+                          f"({answer.get('ename')}: {answer.get('evalue')})")
     found = answer["data"]["text/plain"]
     if found != expected:
         raise KernelFault(f"the kernel imported the course package from {found}, not the grader's {expected}")

@@ -40,8 +40,8 @@ def write_report(course: Path, state: dict, sandboxed: bool, similar: list[str] 
 
     confinement = ("Every kernel ran in a bubblewrap sandbox; the graded cells were judged by the grader." if sandboxed
                    else "Kernels ran without a sandbox (--no-sandbox): grades are only as trustworthy as the code.")
-    lines = ["# Class report", "", confinement, *bounds_lines(latest.values()), "", "## Scores", "", "| chapter | graded | mean | median | full marks |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = ["# Class report", "", confinement, *bounds_lines(latest.values()), "", "## Scores", "",
+             "| chapter | graded | mean | median | full marks |", "| --- | --- | --- | --- | --- |"]
     for chapter, values in sorted(scores.items()):
         lines.append(f"| {chapter} | {len(values)} | {statistics.mean(values):.0f}% | "
                      f"{statistics.median(values):.0f}% | {sum(v >= 100 for v in values)} |")

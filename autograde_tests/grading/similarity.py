@@ -32,7 +32,8 @@ from copydetect.utils import filter_code, get_token_coverage, highlight_overlap,
 from .. import nbgrader_course, submission_files
 from . import limits, submissions
 
-NOISE, GUARANTEE = 25, 30  # copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
+# copydetect's defaults: matches shorter than NOISE tokens are ignored, longer than GUARANTEE found
+NOISE, GUARANTEE = 25, 30
 # Exercises whose honest answers are alike by nature, as measured on independent answers: there a similar pair
 # tells little, and the page says so.
 FEW_WAYS = {
@@ -234,7 +235,8 @@ def _variables_inlined(body: list[ast.stmt]) -> list[ast.stmt]:
     the last assignment back, so that a chain (x = f(x); x = g(x); return x) folds whole."""
     for i in reversed(range(len(body))):
         statement, rest = body[i], body[i + 1:]
-        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        if (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
             name = statement.targets[0].id
             seen = [n for s in rest for n in ast.walk(s) if isinstance(n, ast.Name) and n.id == name]
             if len(seen) == 1 and isinstance(seen[0].ctx, ast.Load):
@@ -282,7 +284,8 @@ def compare_chapter(course: Path, chapter: str, threshold: float, folder: Path |
     release = nbformat.read(nbgrader_course.released(course, chapter), as_version=4)
     learners, published = classmates(course, chapter, release), known(course, chapter, release, folder)
     pairs = []
-    for exercise in [c.metadata.nbgrader.grade_id for c in release.cells if c.metadata.get("nbgrader", {}).get("solution")]:
+    for exercise in [c.metadata.nbgrader.grade_id for c in release.cells
+                     if c.metadata.get("nbgrader", {}).get("solution")]:
         answers = [Answer(s, False, a[exercise]) for s, a in learners.items() if a.get(exercise, "").strip()]
         answers += [Answer(s, True, a[exercise]) for s, a in published.items() if a.get(exercise, "").strip()]
         pairs += similar_pairs(exercise, answers, threshold) if len(answers) > 1 else []
@@ -344,9 +347,10 @@ def _page(chapter: str, pairs: list[Pair], threshold: float) -> str:
         shown += f"<p>The {len(pairs) - limits.SHOWN_PAIRS} less similar pairs are in the table only.</p>"
     table = (f"<table><tr><th>exercise</th><th>learner</th><th>similar to</th><th>similarity</th></tr>{rows}</table>"
              if pairs else "<p>No pair reaches the threshold.</p>")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>Similar answers: {e(chapter)}</title>'
-            f"<style>{PAGE_STYLE}</style></head><body><h1>Similar answers: {e(chapter)}</h1><p>Pairs of answers whose "
-            f"similarity is {threshold:g} or more (1.0: one holds all of the other's fingerprints), most similar first, "
+    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>Similar answers: {e(chapter)}</title><style>{PAGE_STYLE}</style></head><body>"
+            f"<h1>Similar answers: {e(chapter)}</h1><p>Pairs of answers whose similarity is {threshold:g} or more "
+            "(1.0: one holds all of the other's fingerprints), most similar first, "
             "each in the form it is compared in (comments and layout redone, helpers and variables used once folded "
             "in, independent statements in a fixed order), the parts they share marked, and as written. Similar is "
             "not proof that one was taken from the other: short exercises leave few ways to write them, and the "

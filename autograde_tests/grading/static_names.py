@@ -55,7 +55,8 @@ class StaticNames:
                 self._define(child, conditional=not isinstance(node, ast.With))
         for inner in ast.walk(node):
             if isinstance(inner, ast.ClassDef):
-                self.own_attributes |= {n.name for n in inner.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                self.own_attributes |= {n.name for n in inner.body
+                                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
             elif isinstance(inner, ast.Attribute) and isinstance(inner.ctx, ast.Store):
                 self.own_attributes.add(inner.attr)
 

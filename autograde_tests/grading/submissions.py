@@ -63,7 +63,8 @@ def _grade_id(cell) -> str | None:
 def rebuild(submitted: nbformat.NotebookNode, release: nbformat.NotebookNode) -> Rebuilt:
     """The release's cells in the release's order, with the learner's answers and extra cells in place."""
     release_cells = {_grade_id(c): c for c in release.cells if _grade_id(c)}
-    locked_sources = {c.source: _grade_id(c) for c in release.cells if _grade_id(c) and c.metadata.nbgrader.get("locked")}
+    locked_sources = {c.source: _grade_id(c) for c in release.cells
+                      if _grade_id(c) and c.metadata.nbgrader.get("locked")}
     order = [_grade_id(c) for c in release.cells if _grade_id(c)]
     notes: list[str] = []
     placed: dict[str, nbformat.NotebookNode] = {}
