@@ -11,6 +11,7 @@ import torch
 
 from ..reference import attention as ref
 from .harness import (
+    UNIFORM_WHEN_ALL_MASKED,
     Mistake,
     SeededRandom,
     call,
@@ -25,12 +26,7 @@ from .harness import (
     seed_for,
     strict_numerics,
 )
-from .how import expect_device_agnostic, forbid_built_ins
-
-FORBIDDEN = {  # checked in this order: F.scaled_dot_product_attention runs a softmax inside
-    "scaled_dot_product": "F.scaled_dot_product_attention",
-    "softmax": "a built-in softmax (torch.softmax, F.softmax, Tensor.softmax, ...)",
-}
+from .how import ATTENTION_BUILT_INS, expect_device_agnostic, forbid_built_ins
 
 # ----------------------------------------------------------------------------------------- softmax
 
@@ -82,7 +78,7 @@ def check_softmax(softmax, hidden: bool = False) -> None:
                              candidates(_wrong_axis_mistakes(x.dim(), case.dim), x.double().cpu()))
 
     with strict_numerics():
-        forbid_built_ins(name, softmax, (_softmax_input(cases[0], hidden, 0),), FORBIDDEN)
+        forbid_built_ins(name, softmax, (_softmax_input(cases[0], hidden, 0),), ATTENTION_BUILT_INS)
         run_cases(name, cases, check_case, after=lambda: expect_device_agnostic(
             name, softmax, (_softmax_input(cases[0], hidden, 0),), {"dim": -1}))
 
@@ -145,15 +141,6 @@ def _attention_inputs(case: AttentionCase, hidden: bool, i: int):
     if case.mask == "empty_rows":
         mask[..., 1, :] = False  # ...but here, on purpose, a query that may attend to nothing
     return q, k, v, mask
-
-
-UNIFORM_WHEN_ALL_MASKED = (
-    "a query whose keys are all masked gets uniform weights instead of zeros: the scores were filled with a "
-    "large negative number (such as -1e9) instead of -inf, and such rows were not zeroed",
-    "the course's convention, as F.scaled_dot_product_attention's in torch 2.13, is zero weights and a zero output "
-    "for a query that may attend to nothing (nothing to attend to, nothing to mix): fill masked scores with "
-    "float('-inf'), then set the weights where the mask is False to 0 (torch.where(mask, weights, 0.0)).",
-)
 
 
 def _attention(*changes: tuple[str, str]):
@@ -225,7 +212,7 @@ def check_scaled_dot_product_attention(scaled_dot_product_attention, hidden: boo
 
     with strict_numerics():
         forbid_built_ins(name, scaled_dot_product_attention, _attention_inputs(cases[masked], hidden, masked),
-                         FORBIDDEN)
+                         ATTENTION_BUILT_INS)
         run_cases(name, cases, check_case, after=device_agnostic)
 
 

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from ..reference import attention_at_scale as ref
 from ..remote.proxy import run_in_kernel, type_name
-from .attention import FORBIDDEN
 from .harness import (
     Mistake,
     SeededRandom,
@@ -41,7 +40,7 @@ from .harness import (
     seed_for,
     strict_numerics,
 )
-from .how import expect_device_agnostic, forbid_built_ins, kernel_reported
+from .how import ATTENTION_BUILT_INS, expect_device_agnostic, forbid_built_ins, kernel_reported
 from .in_kernel import watched
 
 
@@ -400,7 +399,8 @@ def check_tiled_attention(tiled_attention, hidden: bool = False) -> None:
         expect_device_agnostic(name, tiled_attention, first, {"causal": True})
 
     with strict_numerics():
-        forbid_built_ins(name, tiled_attention, first, {"scaled_dot_product": FORBIDDEN["scaled_dot_product"]})
+        fused = {"scaled_dot_product": ATTENTION_BUILT_INS["scaled_dot_product"]}  # the fused kernel alone
+        forbid_built_ins(name, tiled_attention, first, fused)
         run_cases(name, cases, check_case, after=after)
 
 

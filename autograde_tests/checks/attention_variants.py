@@ -18,9 +18,9 @@ from ..reference import attention_variants as ref
 from ..reference.attention import scaled_dot_product_attention
 from ..reference.multi_head_attention import MultiHeadAttention
 from ..remote.proxy import is_module, type_name
-from .attention import UNIFORM_WHEN_ALL_MASKED
 from .harness import (
     ON_A_FIXED_DEVICE,
+    UNIFORM_WHEN_ALL_MASKED,
     ChangedInput,
     Mistake,
     OnAFixedDevice,

@@ -178,6 +178,13 @@ def key_mask(padding_mask: torch.Tensor | None) -> torch.Tensor | None:
     return None if padding_mask is None else padding_mask[:, None, None, :]
 
 
+UNIFORM_WHEN_ALL_MASKED = (
+    "a query whose keys are all masked gets uniform weights instead of zeros: the scores were filled with a "
+    "large negative number (such as -1e9) instead of -inf, and such rows were not zeroed",
+    "the course's convention, as F.scaled_dot_product_attention's in torch 2.13, is zero weights and a zero output "
+    "for a query that may attend to nothing (nothing to attend to, nothing to mix): fill masked scores with "
+    "float('-inf'), then set the weights where the mask is False to 0 (torch.where(mask, weights, 0.0)).",
+)
 DROPOUT_IN_EVAL = (
     "gives different results for the same input in eval mode: its dropout is still active",
     "use nn.Dropout (model.eval() switches it off) or F.dropout(..., training=self.training).",

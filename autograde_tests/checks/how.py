@@ -21,6 +21,10 @@ from .in_kernel import operators_used, run_on_meta
 
 NOTE = "note from your kernel's own record, not graded"
 BUILT_IN_HINT = "build it from elementary operations (exp, max, sum, matmul)."
+ATTENTION_BUILT_INS = {  # checked in this order: F.scaled_dot_product_attention runs a softmax inside
+    "scaled_dot_product": "F.scaled_dot_product_attention",
+    "softmax": "a built-in softmax (torch.softmax, F.softmax, Tensor.softmax, ...)",
+}
 
 
 def in_a_graded_run(learner) -> bool:
