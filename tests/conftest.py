@@ -139,8 +139,7 @@ SLOW_TIERS = ("sandbox", "book", "browser", "slow")
 def pytest_collection_modifyitems(config, items):
     """Each test is marked with the chapters it is about (``_chapters``). Tests marked ``sandbox`` grade in
     bubblewrap: where none can start, each is skipped with the one line that says why and how to fix it
-    (``-ra`` puts it in the summary). Tests marked ``cuda`` run on a GPU: where PyTorch sees none, each is
-    skipped with one line.
+    (``-ra`` puts it in the summary).
 
     The modules of the slow tiers (``SLOW_TIERS``: they grade in a sandbox, read the built book, drive a browser,
     or take minutes of nbgrader or benchmarks) run first, in the order pytest-randomly gave them, and the short
@@ -155,7 +154,3 @@ def pytest_collection_modifyitems(config, items):
     why = bubblewrap.unavailable() if sandboxed else None
     for item in sandboxed if why else []:
         item.add_marker(pytest.mark.skip(reason=f"grading tests skipped: {why}"))
-    on_a_gpu = [item for item in items if item.get_closest_marker("cuda")]
-    if on_a_gpu and not torch.cuda.is_available():
-        for item in on_a_gpu:
-            item.add_marker(pytest.mark.skip(reason="GPU tests skipped: PyTorch sees no CUDA device on this machine"))

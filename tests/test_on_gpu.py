@@ -5,7 +5,7 @@
   and the GPU (``harness.devices`` finds the GPU; each pass line says where it ran);
 - one chapter graded through the sandbox with the GPU visible to the kernel (``make grade ARGS=--gpu``).
 
-Each test is skipped with one line where PyTorch sees no GPU (``conftest``).
+Where PyTorch sees no GPU the module is skipped, in one line.
 """
 
 import math
@@ -40,6 +40,8 @@ from autograde_tests.reference import (
 from .conftest import assert_close
 
 pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("GPU tests skipped: PyTorch sees no CUDA device on this machine", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = (torch.float32, torch.float64)
