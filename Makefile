@@ -77,7 +77,9 @@ check: venv
 ## The GPU tier: the reference against PyTorch, every check's visible and hidden cases, and one chapter graded in
 ## the sandbox, on the GPU (TF32 off); each test skipped with one line where PyTorch sees no GPU.
 check-gpu: venv
-	$(BIN)/python -m pytest -m cuda -p no:randomly
+	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(BIN)/python -m pytest -m cuda -p no:randomly; \
+	else echo "make check-gpu: skipped, PyTorch sees no CUDA device on this machine"; fi
 
 ## The whole suite: the lint first, then the fast tier beside both editions of the book (a build executes the
 ## chapters one at a time, on one core: the fast tier takes the other), the hub's proxy and axe-core where npm is
