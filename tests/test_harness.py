@@ -1,5 +1,6 @@
 """The shared steps of every check, on their own."""
 
+import pickle
 from dataclasses import dataclass
 
 import pytest
@@ -8,12 +9,14 @@ import torch
 from autograde_tests.checks.harness import (
     ON_A_FIXED_DEVICE,
     ChangedInput,
+    CheckFailed,
     EditDoesNotApply,
     Mistake,
     OnAFixedDevice,
     call,
     edited,
     fail,
+    fail_difference,
     matching_mistake,
     name_the_mistake,
     run_cases,
@@ -53,6 +56,29 @@ def test_a_failure_in_a_case_states_the_case_between_the_problem_and_the_hint():
         run_cases("f", [Case((3, 4), 0.1)], check_case)
     found = failure.value
     assert (found.problem, found.case, found.hint) == ("wrong", "shape=(3, 4), eps=0.1; float64 on cpu", "fix it")
+
+
+def test_a_verdict_renders_its_fields_in_the_order_a_learner_reads_them():
+    verdict = CheckFailed("f", "wrong\n  when called with (3,)", "fix it", case="shape=(3,)")
+    assert verdict.render() == str(verdict) == "f: wrong\n  when called with (3,)\n  case: shape=(3,)\nHint: fix it"
+    assert CheckFailed("f", "wrong").render() == "f: wrong"
+
+
+def test_a_verdict_survives_pickling_with_its_fields():
+    verdict = ChangedInput("f", "changed", "copy it", case="c", raised="ValueError", numbers={"error": 0.5},
+                           learner_frames=["  line 1"])
+    again = pickle.loads(pickle.dumps(verdict))
+    assert type(again) is ChangedInput and again.render() == verdict.render()
+    assert (again.raised, again.numbers, again.learner_frames) == ("ValueError", {"error": 0.5}, ["  line 1"])
+
+
+def test_a_difference_quotes_its_numbers_as_data():
+    expected = torch.zeros(2, 3, dtype=torch.float64)
+    actual = expected.clone()
+    actual[1, 2] = 0.5
+    with fails("^the output and the reference differ:\n  largest error 0.5 at index \\(1, 2\\)") as failure:
+        fail_difference("f", "the output", actual, expected)
+    assert failure.value.numbers == {"error": 0.5, "index": (1, 2), "got": 0.5, "expected": 0.0}
 
 
 def test_a_failure_in_a_case_keeps_its_kind_and_the_learners_frames():
